@@ -1,0 +1,38 @@
+"""Helpers shared by the command modules: user errors, JSON output, task registry options."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+
+TasksModuleOpt = typer.Option(
+    None, "--tasks-module", help="Extra task-family module to load (importable from the cwd).")
+JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """A user mistake: one line on stderr, no traceback, exit 2 (or `code`)."""
+    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def registry(tasks_module: list[str] | None = None):
+    """The task registry with any extra modules, turning plugin problems into one-line errors."""
+    from nestor.config import load_settings
+    from nestor.tasks import TaskError, TaskRegistry
+
+    modules = [*load_settings().task_modules, *(tasks_module or [])]
+    try:
+        return TaskRegistry(modules)
+    except TaskError as exc:
+        fail(str(exc))
