@@ -1,0 +1,1 @@
+"""One episode: tool schemas, the tool loop, the outer reward."""

@@ -1,0 +1,1 @@
+"""Training one job: GRPO trainer, sandboxed reward server, trusted hidden-eval scorer."""

@@ -1,0 +1,40 @@
+"""What goes into and comes out of one inner training job. Pool and agent speak these."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from nestor.job.config import DEFAULT_TOKEN_BUDGET
+
+JobStatus = Literal["ok", "invalid", "failed", "timeout", "lost"]
+
+
+class JobRequest(BaseModel):
+    job_dir: Path
+    task_id: str
+    difficulty: int = 0
+    out_dir: Path | None = Field(None, description="Where the checkpoint goes; a temp dir if None.")
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    timeout_s: float = Field(600.0, gt=0)
+    request_id: str = ""
+    tasks_modules: list[str] = Field(default_factory=list)
+
+
+class JobResult(BaseModel):
+    status: JobStatus
+    pre_score: float | None = None
+    post_score: float | None = None
+    improvement: float | None = None
+    wall_s: float = 0.0
+    train_s: float = 0.0
+    steps: int = 0
+    reward_curve: list[float] = Field(default_factory=list)
+    checkpoint: str | None = None
+    base_model: str | None = None
+    cost_usd: float = 0.0
+    worker: str | None = None
+    log_tail: str = ""
+    metrics: list[dict] = Field(default_factory=list, description="Per-step trainer metrics.")

@@ -1,0 +1,1 @@
+"""The artifact the agent writes: a training job directory (config, data, verifiers env)."""

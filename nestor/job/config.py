@@ -1,0 +1,75 @@
+"""JobConfig: the hyperparameter surface of one inner training job (`config.toml`).
+
+Every knob has a default that trains something on the tiny models, a range, and a description;
+the agent reads this surface (docs/job-format.md) and a good agent moves off the defaults.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_TOKEN_BUDGET = 150_000  # sampled tokens per job; callers may set their own cap
+
+
+class JobConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_model: str = Field("tiny-m", description="Base model to train, by registry name "
+                            "(tiny-s, tiny-m; qwen3-0.6b, qwen3-1.7b on a cluster).")
+    learning_rate: float = Field(3e-4, gt=0, le=1e-2, description="AdamW learning rate. "
+                                 "Full fine-tunes of the tiny models like 1e-4..5e-4; LoRA wants ~10x more.")
+    max_steps: int = Field(30, ge=1, le=2000, description="Optimizer steps (one batch of prompts each).")
+    prompts_per_step: int = Field(16, ge=1, le=256, description="Distinct prompts sampled per step.")
+    group_size: int = Field(8, ge=2, le=64, description="Completions per prompt; the advantage "
+                            "baseline is their mean reward.")
+    max_new_tokens: int = Field(12, ge=1, le=1024, description="Completion length cap in tokens.")
+    temperature: float = Field(1.0, ge=0.05, le=2.0, description="Sampling temperature for rollouts.")
+    lora_rank: int = Field(0, ge=0, le=256, description="LoRA rank; 0 = full fine-tune.")
+    lora_alpha: int = Field(32, ge=1, le=1024, description="LoRA scaling alpha (ignored when rank is 0).")
+    clip_ratio: float = Field(0.2, ge=0.0, le=1.0, description="PPO-style clip of the importance "
+                              "ratio to [1-c, 1+c]; 0 disables clipping.")
+    kl_coef: float = Field(0.0, ge=0.0, le=1.0, description="Weight of a k3 KL penalty to the base model.")
+    updates_per_step: int = Field(1, ge=1, le=4, description="Optimizer passes over each sampled "
+                                  "batch; >1 makes the importance ratio and clipping bite.")
+    scale_rewards: bool = Field(False, description="Divide advantages by the group's reward std.")
+    skip_zero_variance: bool = Field(True, description="Drop groups whose rewards are all equal "
+                                     "(they carry no signal).")
+    weight_decay: float = Field(0.0, ge=0.0, le=0.5, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, ge=0.0, le=100.0, description="Global gradient-norm clip; 0 disables.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for sampling and initialisation.")
+    loss: Literal["token_is"] = Field("token_is", description="Token-level importance-ratio policy gradient.")
+
+    def sampled_tokens(self) -> int:
+        """Upper bound on tokens sampled: what the budget rule counts."""
+        return self.max_steps * self.prompts_per_step * self.group_size * self.max_new_tokens
+
+    def budget_error(self, cap: int = DEFAULT_TOKEN_BUDGET) -> str | None:
+        used = self.sampled_tokens()
+        if used <= cap:
+            return None
+        return (f"budget: max_steps × prompts_per_step × group_size × max_new_tokens = "
+                f"{self.max_steps}×{self.prompts_per_step}×{self.group_size}×{self.max_new_tokens} "
+                f"= {used:,} sampled tokens, over the cap of {cap:,}; lower one of them")
+
+
+class JobConfigError(ValueError):
+    """config.toml is missing, not TOML, or out of range; the message says what to fix."""
+
+
+def load_job_config(path: Path) -> JobConfig:
+    if not path.is_file():
+        raise JobConfigError(f"{path.name}: missing")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8", errors="strict"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise JobConfigError(f"{path.name}: not valid TOML: {exc}") from None
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}"
+                             for e in exc.errors())
+        raise JobConfigError(f"{path.name}: {problems}") from None

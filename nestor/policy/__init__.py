@@ -1,0 +1,1 @@
+"""Who writes jobs: the Policy protocol and its implementations (composer, lm, tinker, openai)."""
