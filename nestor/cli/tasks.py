@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+from nestor.cli.common import JsonOpt, TasksModuleOpt, fail, print_json, registry
 
 app = typer.Typer(no_args_is_help=True, help="The task suite (public specs only).")
 
