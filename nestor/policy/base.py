@@ -9,9 +9,12 @@ exp(logp_now - logp_sample) by the episode's advantage over exactly these action
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from nestor.tasks import TaskSpec
 
 
 @dataclass
@@ -28,11 +31,23 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None  # for role == "tool": which call this answers
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Message:
+        calls = [ToolCall(**c) for c in d.get("tool_calls") or []]
+        return cls(role=d["role"], content=d.get("content", ""), tool_calls=calls,
+                   tool_call_id=d.get("tool_call_id"))
+
 
 @dataclass
 class Observation:
     messages: list[Message]
     tools: list[dict[str, Any]]  # OpenAI-style function schemas
+    # The task's public spec, for structured policies (the composer) that cannot read prose.
+    # Token policies read the same spec from the system prompt. Never the hidden eval.
+    spec: TaskSpec | None = None
 
 
 @dataclass
@@ -45,6 +60,21 @@ class Turn:
     context_ids: list[int] = field(default_factory=list)  # token policies: the prompt tokens
     action_keys: list[str] = field(default_factory=list)  # composer: decision name per action
     parse_error: str | None = None  # a malformed tool call, reported back to the policy
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-able form (the message's fields plus the action fields): a ledger row."""
+        d = self.message.to_dict()
+        d.update(action_ids=self.action_ids, sample_logprobs=self.sample_logprobs,
+                 context_ids=self.context_ids, action_keys=self.action_keys,
+                 parse_error=self.parse_error)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Turn:
+        return cls(message=Message.from_dict(d), action_ids=list(d.get("action_ids") or []),
+                   sample_logprobs=list(d.get("sample_logprobs") or []),
+                   context_ids=list(d.get("context_ids") or []),
+                   action_keys=list(d.get("action_keys") or []), parse_error=d.get("parse_error"))
 
 
 @dataclass

@@ -1,0 +1,180 @@
+"""Pool scaling and dispatch overhead.
+
+1. Scaling: 8 example jobs (examples/jobs/*, cycled, each with its own seed and `--max-steps`)
+   through the real inner loop on a warm local pool of 1 worker, then of 2 workers, one torch
+   thread per worker in both runs (so the comparison is the pool's, not torch's threading).
+   Target: t(1 worker) / t(2 workers) >= 1.7.
+2. Dispatch overhead: round-trip time of a no-op job on a warm worker (submit -> result), the
+   pool's own cost per job. Targets: <= 0.5 s local, <= 2 s on a local Ray head (started here in
+   its own process group and stopped afterwards; skipped with --no-ray).
+
+    .venv/bin/python benchmarks/pool_scaling.py [--max-steps 4] [--jobs 8] [--no-ray]
+
+The last line printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+
+
+def noop_job(request, *, warm=None):
+    """The no-op job function whose round trip is the dispatch overhead."""
+    from nestor.inner.types import JobResult
+
+    return JobResult(status="ok")
+
+
+def example_jobs(n: int, max_steps: int, dest: Path) -> list[Path]:
+    from nestor.job.config import load_job_config
+    from nestor.job.scaffold import config_toml
+
+    sources = sorted(p for p in (ROOT / "examples" / "jobs").iterdir()
+                     if (p / "config.toml").is_file())
+    jobs = []
+    for i in range(n):
+        src = sources[i % len(sources)]
+        job = dest / f"{i}-{src.name}"
+        shutil.copytree(src, job)
+        cfg = load_job_config(src / "config.toml")
+        cfg = cfg.model_copy(update={"max_steps": min(cfg.max_steps, max_steps), "seed": i})
+        (job / "config.toml").write_text(config_toml(cfg))
+        jobs.append(job)
+    return jobs
+
+
+def run_batch(workers: int, jobs: list[Path], task: str, out: Path) -> tuple[float, list]:
+    from nestor.inner.types import JobRequest
+    from nestor.pool import PoolConfig, make_pool
+
+    config = PoolConfig(workers=workers, threads_per_worker=1, cost_matrix=out / "m.json")
+    with make_pool(config) as pool:
+        assert pool.wait_ready(300), "workers did not start"
+        t0 = time.monotonic()
+        futures = [pool.submit(JobRequest(job_dir=j, task_id=task, timeout_s=1800,
+                                          out_dir=out / f"w{workers}-{j.name}")) for j in jobs]
+        results = [f.result() for f in futures]
+        elapsed = time.monotonic() - t0
+    print(f"{workers} worker(s): {elapsed:.1f} s for {len(jobs)} jobs; statuses "
+          f"{[r.status for r in results]}", flush=True)
+    return elapsed, results
+
+
+def overhead(config, n: int) -> dict:
+    from nestor.inner.types import JobRequest
+    from nestor.pool import make_pool
+
+    job = Path(tempfile.mkdtemp(prefix="nestor-noop-"))
+    (job / "config.toml").write_text('base_model = "tiny-s"\n')
+    with make_pool(config) as pool:
+        assert pool.wait_ready(120), "workers did not start"
+        pool.submit(JobRequest(job_dir=job, task_id="reverse")).result()  # warm the path
+        times = []
+        for _ in range(n):
+            t0 = time.monotonic()
+            r = pool.submit(JobRequest(job_dir=job, task_id="reverse")).result()
+            times.append(time.monotonic() - t0)
+            assert r.status == "ok", r.log_tail
+    shutil.rmtree(job, ignore_errors=True)
+    return {"mean_s": statistics.mean(times), "p95_s": sorted(times)[int(0.95 * (n - 1))],
+            "max_s": max(times), "n": n}
+
+
+def start_ray_head() -> tuple[subprocess.Popen, str, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="nr", dir="/tmp")
+    log = Path(tmp) / "head.log"
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
+         "--num-cpus", "2", "--port", str(port), "--node-ip-address", "127.0.0.1",
+         "--disable-usage-stats", "--include-dashboard=false", "--temp-dir", tmp],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    end = time.monotonic() + 120
+    while "Ray runtime started" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > end:
+            raise RuntimeError(log.read_text()[-2000:])
+        time.sleep(0.5)
+    return proc, f"127.0.0.1:{port}", tmp
+
+
+def stop_ray_head(proc: subprocess.Popen, tmp: str) -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    for sig, wait_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait_s)
+            break
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--max-steps", type=int, default=4)
+    ap.add_argument("--task", default="reverse")
+    ap.add_argument("--overhead-n", type=int, default=30)
+    ap.add_argument("--no-scaling", action="store_true", help="Only measure dispatch overhead.")
+    ap.add_argument("--no-ray", action="store_true", help="Skip the Ray head measurement.")
+    args = ap.parse_args()
+
+    from nestor.pool import PoolConfig
+
+    figures: dict = {"cpus": os.cpu_count(), "jobs": args.jobs, "max_steps": args.max_steps}
+    noop = dict(job_fn="pool_scaling:noop_job", warm_state=None, python_path=[str(HERE)],
+                threads_per_worker=1)
+    with tempfile.TemporaryDirectory(prefix="nestor-bench-") as tmp:
+        out = Path(tmp)
+        local = overhead(PoolConfig(workers=1, cost_matrix=out / "m.json", **noop),
+                         args.overhead_n)
+        figures["dispatch_overhead_local_s"] = round(local["mean_s"], 4)
+        figures["dispatch_overhead_local_p95_s"] = round(local["p95_s"], 4)
+        print(f"local dispatch overhead: {local}", flush=True)
+        if not args.no_ray:
+            proc, address, ray_tmp = start_ray_head()
+            try:
+                ray = overhead(PoolConfig(backend="ray", address=address, workers=1,
+                                          cost_matrix=out / "m.json", **noop), args.overhead_n)
+            finally:
+                stop_ray_head(proc, ray_tmp)
+            figures["dispatch_overhead_ray_s"] = round(ray["mean_s"], 4)
+            figures["dispatch_overhead_ray_p95_s"] = round(ray["p95_s"], 4)
+            print(f"ray dispatch overhead: {ray}", flush=True)
+        if not args.no_scaling:
+            jobs = example_jobs(args.jobs, args.max_steps, out / "jobs")
+            t1, r1 = run_batch(1, jobs, args.task, out)
+            t2, r2 = run_batch(2, jobs, args.task, out)
+            figures.update(
+                t_1_worker_s=round(t1, 2), t_2_workers_s=round(t2, 2),
+                speedup=round(t1 / t2, 3),
+                statuses_ok=sum(r.status == "ok" for r in r1 + r2), statuses_total=len(r1 + r2),
+                mean_job_wall_s=round(statistics.mean(r.wall_s for r in r1), 2))
+    figures["targets"] = {"speedup": 1.7, "dispatch_overhead_local_s": 0.5,
+                          "dispatch_overhead_ray_s": 2.0}
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Validation-probe latency on a good example job (targets: p50 ≤ 3 s, p95 ≤ 6 s).
+
+Two series: `warm`, as an episode sees it (a spare sandbox host was started while the agent
+was writing, so the probe does not wait for the child's interpreter and verifiers import), and
+`cold`, where every probe starts its own host. Both run in one process, so the base model and
+tokenizer stay loaded after the first probe, as in a pool worker.
+
+    .venv/bin/python benchmarks/validate_speed.py [--runs 10] [--job examples/jobs/good-reverse]
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from nestor.job.tasksource import prewarm
+from nestor.job.validate import PROBE_LIMITS, validate_job
+from nestor.tasks import TaskRegistry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--job", default=str(ROOT / "examples/jobs/good-reverse"))
+    ap.add_argument("--task", default="reverse")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    spec = TaskRegistry().get(args.task).spec()
+
+    t0 = time.perf_counter()
+    first = validate_job(args.job, spec, warm=False)
+    first_s = time.perf_counter() - t0
+    assert first.passed, first.summary()
+    print(f"first probe (loads the base model): {first_s:.2f} s")
+
+    series: dict[str, list[float]] = {"warm": [], "cold": []}
+    for i in range(args.runs):
+        for kind in ("warm", "cold"):
+            if kind == "warm":
+                prewarm(PROBE_LIMITS, wait=True)  # the agent is still writing its job
+            t0 = time.perf_counter()
+            report = validate_job(args.job, spec, warm=kind == "warm")
+            series[kind].append(time.perf_counter() - t0)
+            assert report.passed, report.summary()
+        print(f"run {i + 1}/{args.runs}: warm {series['warm'][-1]:.2f} s, "
+              f"cold {series['cold'][-1]:.2f} s")
+    out = {"job": Path(args.job).name, "runs": args.runs, "first_s": round(first_s, 3)}
+    for kind, xs in series.items():
+        out[f"{kind}_p50_s"] = round(statistics.median(xs), 3)
+        out[f"{kind}_p95_s"] = round(percentile(xs, 0.95), 3)
+    out["target_met"] = out["warm_p50_s"] <= 3.0 and out["warm_p95_s"] <= 6.0
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

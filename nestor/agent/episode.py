@@ -1,0 +1,231 @@
+"""One outer-loop episode: a task spec in; a job written, validated and trained; a reward out.
+
+The policy sees the conversation and the tool schemas and answers with turns of tool calls.
+File tools act on the episode's workspace; `submit` freezes a copy of the workspace as an
+attempt, runs the validation probe on it and answers with the report. After a failed submit
+the policy keeps working, up to `max_attempts` submits. A job that passes goes to the pool and
+the episode ends with its JobResult; otherwise it ends with a reason.
+
+Durability: every message, attempt, report, job and result is committed to the ledger before
+the next step acts on it. Files: RUN_DIR/episodes/<id>/{workspace,attempt-N,job}/ and
+transcript.json.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import traceback
+import uuid
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from nestor.agent.prompt import system_prompt, task_message
+from nestor.agent.reward import RewardConfig, compute_reward
+from nestor.inner.types import JobRequest, JobResult
+from nestor.job.config import DEFAULT_TOKEN_BUDGET
+from nestor.ledger import Ledger
+from nestor.policy.base import Message, Observation, Policy, TrainItem, Turn
+from nestor.tasks import TaskSpec
+
+EndReason = Literal["ok", "job_failed", "invalid", "no_submit", "turn_limit", "token_limit",
+                    "policy_error", "not_trained"]
+
+
+class EpisodeConfig(BaseModel):
+    max_turns: int = Field(12, ge=1, le=200, description="Policy turns before `turn_limit`.")
+    max_tokens: int = Field(60_000, ge=100, description="Tokens the policy may produce over the "
+                            "episode (its sampled tokens; ~4 characters each for the composer) "
+                            "before `token_limit`.")
+    max_attempts: int = Field(3, ge=1, le=10, description="Submits (validation probes) allowed.")
+    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, gt=0, description="Sampled-token cap of "
+                              "the inner job (the validation probe enforces it).")
+    job_timeout_s: float = Field(600.0, gt=0, description="Wall-clock cap of the inner job; "
+                                 "also the scale of the speed tie-breaker.")
+    difficulty: int = Field(0, ge=0, le=3, description="Task difficulty (input size level).")
+    models: list[str] = Field(["tiny-s", "tiny-m"], description="Base models offered.")
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+
+
+@dataclass
+class EpisodeRecord:
+    id: str
+    task_id: str
+    family: str
+    policy: str
+    policy_version: int
+    reward: float = 0.0
+    components: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 0
+    result: JobResult | None = None
+    end_reason: EndReason = "no_submit"
+    turns: list[Turn] = field(default_factory=list)  # the policy's turns only
+    reports: list[Any] = field(default_factory=list)  # ValidationReport per attempt
+    messages: list[Message] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"episode_id": self.id, "task": self.task_id, "policy": self.policy,
+                "policy_version": self.policy_version, "reward": self.reward,
+                "components": self.components, "attempts": self.attempts,
+                "result": self.result.model_dump(mode="json") if self.result else None,
+                "end_reason": self.end_reason}
+
+    def train_item(self, advantage: float) -> TrainItem:
+        return TrainItem(turns=self.turns, advantage=advantage,
+                         policy_version=self.policy_version)
+
+
+def format_report(report: Any, attempt: int, max_attempts: int) -> str:
+    """The submit tool's answer: a verdict line, then one `ok|FAIL name: message` line per check."""
+    checks = list(report.checks)
+    failed = [c for c in checks if not c.ok]
+    head = (f"validation passed (attempt {attempt} of {max_attempts}); the job was sent for "
+            "training." if report.passed else
+            f"validation failed (attempt {attempt} of {max_attempts}): {len(failed)} of "
+            f"{len(checks)} checks failed.")
+    lines = [f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.message}" for c in checks]
+    return "\n".join([head, *lines])
+
+
+def _turn_tokens(turn: Turn) -> int:
+    if turn.context_ids:  # a token policy: exactly what it sampled
+        return len(turn.action_ids)
+    text = turn.message.content + json.dumps([c.arguments for c in turn.message.tool_calls])
+    return len(text) // 4 + 1
+
+
+class _Episode:
+    """The mutable state of one run of `run_episode`."""
+
+    def __init__(self, policy: Policy, spec: TaskSpec, pool: Any, ledger: Ledger,
+                 cfg: EpisodeConfig, episode_id: str):
+        from nestor.sandbox.workspace import TOOL_SCHEMAS, Workspace
+
+        self.policy, self.spec, self.pool, self.ledger, self.cfg = policy, spec, pool, ledger, cfg
+        self.dir = ledger.run_dir / "episodes" / episode_id
+        (self.dir / "workspace").mkdir(parents=True, exist_ok=True)
+        self.workspace = Workspace(self.dir / "workspace")
+        self.tools = TOOL_SCHEMAS
+        self.rec = EpisodeRecord(episode_id, spec.id, spec.family, policy.name, policy.version)
+        self.passed_on: int | None = None
+
+    def log(self, msg: Message, turn: Turn | None = None) -> None:
+        """Append to the transcript, committed to the ledger first."""
+        row = turn.to_dict() if turn is not None else msg.to_dict()
+        self.ledger.add_turn(self.rec.id, len(self.rec.messages), row)
+        self.rec.messages.append(msg)
+
+    def run(self) -> EndReason:
+        tokens = 0
+        for _ in range(self.cfg.max_turns):
+            obs = Observation(list(self.rec.messages), self.tools, self.spec)
+            try:
+                turn = self.policy.act(obs)
+            except Exception as exc:  # a broken policy ends its episode, not the run
+                self.rec.components["error"] = "".join(
+                    traceback.format_exception_only(type(exc), exc)).strip()
+                return "policy_error"
+            self.rec.turns.append(turn)
+            self.log(turn.message, turn)
+            tokens += _turn_tokens(turn)
+            if turn.parse_error:
+                self.log(Message("user", f"error: your last reply had a malformed tool call: "
+                                         f"{turn.parse_error}. Answer with tool calls."))
+            elif not turn.message.tool_calls:
+                return "no_submit" if self.rec.attempts == 0 else "invalid"
+            for call in turn.message.tool_calls:
+                if call.name == "submit":
+                    text, end = self.submit()
+                else:
+                    text, end = self.workspace.call(call.name, call.arguments), None
+                self.log(Message("tool", text, tool_call_id=call.id or None))
+                if end is not None:
+                    return end
+            if tokens > self.cfg.max_tokens:
+                return "token_limit"
+        return "turn_limit"
+
+    def submit(self) -> tuple[str, EndReason | None]:
+        from nestor.job.validate import Check, ValidationReport, validate_job
+
+        n = self.rec.attempts + 1
+        snap = self.dir / f"attempt-{n}"
+        shutil.copytree(self.workspace.root, snap, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        self.ledger.add_attempt(self.rec.id, n, snap)
+        self.rec.attempts = n
+        t0 = time.perf_counter()
+        try:
+            report = validate_job(snap, self.spec, token_budget=self.cfg.token_budget)
+        except Exception as exc:  # the probe promises not to raise; if it does, the job failed
+            report = ValidationReport(passed=False, elapsed_s=time.perf_counter() - t0, checks=[
+                Check(name="probe", ok=False, message=f"{type(exc).__name__}: {exc}")])
+        self.rec.reports.append(report)
+        self.ledger.add_report(self.rec.id, n, passed=report.passed,
+                               checks=[c.model_dump() for c in report.checks],
+                               elapsed_s=report.elapsed_s)
+        text = format_report(report, n, self.cfg.max_attempts)
+        if report.passed:
+            self.passed_on = n
+            return text, self.train(snap)
+        if n >= self.cfg.max_attempts:
+            return text + "\nNo attempts left.", "invalid"
+        return text, None
+
+    def train(self, snap: Path) -> EndReason:
+        job_dir = self.dir / "job"  # the final job files, frozen
+        shutil.copytree(snap, job_dir, symlinks=True)
+        if self.pool is None:
+            return "not_trained"
+        job_id = f"{self.rec.id}-job"
+        request = JobRequest(job_dir=job_dir, task_id=self.spec.id,
+                             difficulty=self.cfg.difficulty, out_dir=self.dir / "checkpoint",
+                             token_budget=self.cfg.token_budget,
+                             timeout_s=self.cfg.job_timeout_s, request_id=job_id)
+        self.ledger.add_job(job_id, self.rec.id, request.model_dump(mode="json"))
+        try:
+            future = self.pool.submit(request)
+            # the pool enforces the job's own timeout; this only guards against a lost worker
+            result = future.result(timeout=self.cfg.job_timeout_s * 2 + 120)
+        except FutureTimeout:
+            result = JobResult(status="lost", log_tail="no result from the pool in time")
+        except Exception as exc:
+            result = JobResult(status="lost", log_tail=f"pool error: {type(exc).__name__}: {exc}")
+        self.ledger.add_result(job_id, result.model_dump(mode="json"))
+        self.rec.result = result
+        return "ok" if result.status == "ok" else "job_failed"
+
+
+def run_episode(policy: Policy, spec: TaskSpec, pool: Any, ledger: Ledger,
+                config: EpisodeConfig | None = None, *, episode_id: str | None = None,
+                group_id: str | None = None) -> EpisodeRecord:
+    """Run one episode to its end; `pool=None` validates without training."""
+    cfg = config or EpisodeConfig()
+    episode_id = episode_id or uuid.uuid4().hex[:12]
+    ledger.start_episode(episode_id, task_id=spec.id, family=spec.family,
+                         difficulty=cfg.difficulty, policy=policy.name,
+                         policy_version=policy.version, config=cfg.model_dump(mode="json"),
+                         group_id=group_id)
+    ep = _Episode(policy, spec, pool, ledger, cfg, episode_id)
+    ep.log(Message("system", system_prompt(spec, models=cfg.models,
+                                           token_budget=cfg.token_budget,
+                                           max_attempts=cfg.max_attempts)))
+    ep.log(Message("user", task_message(spec)))
+    end = ep.run()
+    rec = ep.rec
+    rec.end_reason = end
+    rec.reward, comps = compute_reward(rec.result, passed_on=ep.passed_on,
+                                       max_attempts=cfg.max_attempts,
+                                       timeout_s=cfg.job_timeout_s, config=cfg.reward)
+    rec.components = {**comps, **rec.components}
+    ledger.finish_episode(episode_id, end_reason=end, reward=rec.reward,
+                          components=rec.components)
+    (ep.dir / "transcript.json").write_text(json.dumps(
+        {**rec.summary(), "messages": [m.to_dict() for m in rec.messages],
+         "turns": [t.to_dict() for t in rec.turns]}, indent=1, default=str))
+    return rec

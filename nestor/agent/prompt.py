@@ -1,0 +1,94 @@
+"""What the agent reads: the system prompt and the first user message of an episode.
+
+Built only from public material: the role, docs/job-format.md, the task's public TaskSpec, the
+base models and the JobConfig surface. This module must never import `nestor.tasks.hidden`
+(a test runs it in a fresh interpreter and checks).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_core import PydanticUndefined
+
+from nestor.job.config import JobConfig
+from nestor.tasks import TaskSpec
+
+JOB_FORMAT_DOC = Path(__file__).resolve().parents[2] / "docs" / "job-format.md"
+
+ROLE = """You are a machine-learning engineer. You write reinforcement-learning training jobs that
+teach a small language model one skill. You work in a job directory through tools: \
+list_files, read_file, write_file, edit_file, delete_file; `submit` runs a validation probe \
+on the directory and answers with its report. A job that passes is trained with GRPO on a \
+worker; the trained model is then scored on a hidden test of the skill that you never see. \
+You are rewarded for how much the test accuracy improves, a little for passing validation on \
+the first try, and a very little for training fast."""
+
+
+def _job_format() -> str:
+    if JOB_FORMAT_DOC.is_file():
+        return JOB_FORMAT_DOC.read_text(encoding="utf-8")
+    return ("(docs/job-format.md is missing from this installation.) A job directory holds "
+            "config.toml (the JobConfig below), data/train.jsonl ({\"prompt\", \"answer\"} rows), "
+            "env/pyproject.toml and env/<name>/__init__.py exporting exactly one verifiers v1 "
+            "vf.Taskset subclass in __all__, whose vf.Task carries the @vf.reward methods.")
+
+
+def _bounds(field) -> str:
+    parts = []
+    for m in field.metadata:
+        for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            val = getattr(m, attr, None)
+            if val is not None:
+                parts.append(f"{sym} {val}")
+    return ", ".join(parts)
+
+
+def config_surface() -> str:
+    """The JobConfig knobs as a markdown table: name, default, range, description."""
+    rows = ["| knob | default | range | what it does |", "|---|---|---|---|"]
+    for name, field in JobConfig.model_fields.items():
+        default = field.default if field.default is not PydanticUndefined else "(required)"
+        desc = (field.description or "").replace("|", "/")
+        rows.append(f"| `{name}` | `{default!r}` | {_bounds(field)} | {desc} |")
+    return "\n".join(rows)
+
+
+def base_models(names: list[str]) -> str:
+    from nestor.models.registry import MODELS
+
+    out = []
+    for name in names:
+        entry = MODELS.get(name)
+        out.append(f"- `{name}`: {entry.description if entry else 'a local model'}")
+    return "\n".join(out)
+
+
+def system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
+                  max_attempts: int) -> str:
+    return f"""{ROLE}
+
+# The job format
+
+{_job_format()}
+
+# Base models you may train
+
+{base_models(models)}
+
+# The hyperparameter surface (config.toml)
+
+{config_surface()}
+
+Budget: max_steps × prompts_per_step × group_size × max_new_tokens must stay at or under \
+{token_budget:,} sampled tokens. You have {max_attempts} submit attempts; after a failed \
+one, fix what the report names and submit again.
+
+# The task
+
+{spec.instructions}"""
+
+
+def task_message(spec: TaskSpec) -> str:
+    return (f"Write a training job that teaches the base model the task `{spec.id}` "
+            f"({spec.title}), in the job directory, then call submit.")

@@ -1,0 +1,86 @@
+"""`nestor bench ...`: measurements that feed decisions. `bench matrix` measures the cost matrix
+(seconds and dollars per reference job for each worker type x base model present)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from nestor.cli.common import JsonOpt, console, fail, print_json, registry
+
+app = typer.Typer(no_args_is_help=True, help="Benchmarks that feed decisions (cost matrix, ...).")
+
+DEFAULT_JOB = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
+
+
+@app.command("matrix")
+def matrix(
+    job: Path = typer.Option(DEFAULT_JOB, "--job", help="Reference job directory."),
+    task: str = typer.Option("reverse", "--task", help="Task id the reference job is scored on."),
+    model: list[str] | None = typer.Option(None, "--model", help="Only these base models "
+                                           "(default: every model a worker type lists, else all)."),
+    max_steps: int = typer.Option(3, "--max-steps", min=1, max=2000,
+                                  help="Cap on the reference job's steps."),
+    backend: str | None = typer.Option(None, "--backend", help="local | ray (default: nestor.toml)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address."),
+    timeout: float = typer.Option(900.0, "--timeout", min=1.0, help="Cap per reference job (s)."),
+    output: Path | None = typer.Option(None, "--output", help="Matrix file (default: "
+                                       "<cache_dir>/cost_matrix.json)."),
+    json_: bool = JsonOpt,
+) -> None:
+    """Run the reference job on every worker type x base model present; store the matrix."""
+    from nestor.pool import CostMatrix, PoolConfigError, PoolError, load_pool_config
+    from nestor.pool.matrix import candidate_models, measure_matrix, present_models
+    from nestor.tasks import TaskError
+
+    if backend not in (None, "local", "ray"):
+        fail(f"--backend must be local or ray, not {backend!r}")
+    if not (job / "config.toml").is_file():
+        fail(f"reference job {job} has no config.toml; pass --job DIR")
+    try:
+        registry().get(task)
+        config = load_pool_config(backend=backend, address=address, cost_matrix=output)
+    except TaskError as exc:
+        fail(str(exc))
+    except PoolConfigError as exc:
+        fail(str(exc))
+    present, absent = present_models(candidate_models(config, model))
+    for name, why in absent.items():
+        console.print(f"[yellow]skip {name}:[/yellow] {why}", highlight=False)
+    if not present:
+        fail("no base model is present here; see `nestor models list`")
+    rows: list[dict] = []
+    try:
+        with console.status("measuring…") as status:
+            def progress(row: dict) -> None:
+                status.update(f"{len(rows) + 1} cell(s) done; last: {row['worker_type']} x "
+                              f"{row['base_model']} {row['status']}")
+
+            measured, rows = measure_matrix(config, job.resolve(), task, present,
+                                            max_steps=max_steps, timeout_s=timeout,
+                                            on_row=progress)
+    except PoolError as exc:
+        fail(str(exc))
+    path = config.matrix_path()
+    old = CostMatrix.load(path)
+    fresh = {(e.worker_type, e.base_model) for e in measured.entries}
+    kept = [e for e in (old.entries if old else []) if (e.worker_type, e.base_model) not in fresh]
+    measured.entries = kept + measured.entries  # re-measuring one cell keeps the others
+    measured.save(path)
+    if json_:
+        print_json({"path": str(path), "rows": rows, "absent_models": absent})
+        return
+    table = Table("worker type", "base model", "status", "seconds/job", "$/job")
+    for r in rows:
+        table.add_row(r["worker_type"], r["base_model"], r["status"],
+                      "-" if r["seconds"] is None else f"{r['seconds']:.1f}",
+                      "-" if r["dollars"] is None else f"{r['dollars']:.5f}")
+    Console().print(table)
+    console.print(f"saved {path}", highlight=False)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="bench")

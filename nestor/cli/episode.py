@@ -1,0 +1,164 @@
+"""`nestor episode run|list|show`: one outer-loop episode, and reading the ledger of past ones."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+
+app = typer.Typer(no_args_is_help=True, help="Agent episodes: write, validate, train, reward.")
+RunDirOpt = typer.Option(None, "--run-dir", help="Run directory (ledger.sqlite, episodes/).")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="episode")
+
+
+def _make_policy(kind: str, checkpoint: Path | None, seed: int, budget: int, model: str):
+    if kind == "composer":
+        from nestor.policy.composer import Composer, ComposerConfig
+
+        policy = Composer(ComposerConfig(seed=seed, token_budget=budget))
+        if checkpoint is not None:
+            if not checkpoint.is_file():
+                fail(f"composer checkpoint {checkpoint} not found")
+            policy.load(checkpoint)
+        return policy
+    if kind == "lm":
+        from nestor.policy.lm import LMPolicy
+
+        policy = LMPolicy.from_pretrained(model)
+        if checkpoint is not None:
+            policy.load(checkpoint)
+        return policy
+    fail(f"unknown policy {kind!r}; choose composer or lm")
+
+
+@app.command("run")
+def run(
+    task: str = typer.Option(..., "--task", help="Task id (see `nestor tasks list`)."),
+    policy: str = typer.Option("composer", "--policy", help="composer or lm."),
+    run_dir: Path | None = RunDirOpt,
+    difficulty: int = typer.Option(0, "--difficulty", min=0, max=3),
+    budget: int = typer.Option(150_000, "--budget", min=1000,
+                               help="Sampled-token cap of the inner job."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Inner job wall cap, s."),
+    attempts: int = typer.Option(3, "--attempts", min=1, max=10, help="Submits allowed."),
+    max_turns: int = typer.Option(12, "--max-turns", min=1, max=200),
+    seed: int = typer.Option(0, "--seed", min=0, help="Policy sampling seed."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Policy weights to load."),
+    model: str = typer.Option("tiny-m", "--model", help="The lm policy's model."),
+    train: bool = typer.Option(True, "--train/--no-train",
+                               help="Send a validated job to the pool (else stop there)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Local pool workers."),
+    tasks_module: list[str] | None = TasksModuleOpt,
+    json_: bool = JsonOpt,
+) -> None:
+    """Run one episode and print its reward, components, attempts, result and end reason."""
+    from nestor.agent.episode import EpisodeConfig, run_episode
+    from nestor.ledger import Ledger, LedgerError
+    from nestor.tasks import TaskError
+
+    try:
+        spec = registry(tasks_module).get(task).spec(difficulty)
+    except TaskError as exc:
+        fail(str(exc))
+    run_dir = run_dir or Path("runs") / time.strftime("episode-%Y%m%d-%H%M%S")
+    pol = _make_policy(policy, checkpoint, seed, budget, model)
+    cfg = EpisodeConfig(max_turns=max_turns, max_attempts=attempts, token_budget=budget,
+                        job_timeout_s=timeout, difficulty=difficulty)
+    try:
+        ledger = Ledger(run_dir)
+    except LedgerError as exc:
+        fail(str(exc))
+    pool = None
+    if train:
+        from nestor.pool.base import PoolError, make_pool
+        from nestor.pool.config import PoolConfigError, load_pool_config
+
+        try:
+            pool = make_pool(load_pool_config(workers=workers))
+        except (PoolError, PoolConfigError) as exc:
+            fail(str(exc))
+    try:
+        with console.status(f"episode on {task}: writing, validating, training…"):
+            rec = run_episode(pol, spec, pool, ledger, cfg)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        ledger.close()
+    out = {**rec.summary(), "run_dir": str(run_dir)}
+    if json_:
+        print_json(out)
+        return
+    _print_summary(out)
+
+
+def _print_summary(out: dict) -> None:
+    c = out["components"]
+    con = Console()
+    con.print(f"episode {out['episode_id']} on [bold]{out['task']}[/bold]: "
+              f"end [bold]{out['end_reason']}[/bold] after {out['attempts']} attempt(s)")
+    con.print(f"reward {out['reward']:.4f} = improvement {c['improvement']:+.4f} "
+              f"+ w_valid × {c['validation_efficiency']:.3f} "
+              f"+ w_speed × {c['speed']:.3f}{'' if c['speed_counted'] else ' (not counted)'}")
+    if out["result"]:
+        r = out["result"]
+        con.print(f"job {r['status']}: pre {r['pre_score']} → post {r['post_score']} "
+                  f"in {r['wall_s']:.1f}s")
+    con.print(f"run dir: {out['run_dir']}")
+
+
+def _open(run_dir: Path | None):
+    from nestor.ledger import Ledger, LedgerError
+
+    if run_dir is None:
+        fail("--run-dir is required")
+    try:
+        return Ledger(run_dir, readonly=True)
+    except LedgerError as exc:
+        fail(str(exc))
+
+
+@app.command("list")
+def list_(run_dir: Path | None = RunDirOpt, json_: bool = JsonOpt) -> None:
+    """Episodes in a run's ledger (including ones a killed run left unfinished)."""
+    with _open(run_dir) as ledger:
+        rows = ledger.episodes()
+    keep = ("id", "task_id", "policy", "policy_version", "status", "end_reason", "reward",
+            "attempts")
+    rows = [{k: r[k] for k in keep} for r in rows]
+    if json_:
+        print_json(rows)
+        return
+    table = Table(*keep)
+    for r in rows:
+        table.add_row(*("" if r[k] is None else str(r[k]) for k in keep))
+    Console().print(table)
+
+
+@app.command("show")
+def show(episode_id: str = typer.Argument(...), run_dir: Path | None = RunDirOpt,
+         json_: bool = JsonOpt) -> None:
+    """One episode: its transcript, validation reports and job result."""
+    with _open(run_dir) as ledger:
+        try:
+            ep = ledger.episode(episode_id)
+        except KeyError:
+            fail(f"no episode {episode_id!r} in {run_dir}; see `nestor episode list`")
+    if json_:
+        print_json(ep)
+        return
+    con = Console()
+    con.print(f"[bold]{ep['id']}[/bold] {ep['task_id']} {ep['status']} "
+              f"{ep['end_reason'] or ''} reward={ep['reward']}")
+    for t in ep["turns"]:
+        calls = ", ".join(c["name"] for c in t["tool_calls"])
+        text = t["content"] if t["role"] != "system" else t["content"][:80] + "…"
+        con.print(f"[cyan]{t['role']}[/cyan] {text[:400]}" + (f"  [calls: {calls}]" if calls else ""),
+                  highlight=False)

@@ -1,0 +1,139 @@
+"""`nestor job validate|export|init|train`: one training job directory at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+
+app = typer.Typer(no_args_is_help=True, help="Training jobs: validate, export, scaffold, train.")
+
+JobDirArg = typer.Argument(..., help="The job directory (config.toml, data/, env/).")
+TaskOpt = typer.Option(..., "--task", help="Task id the job teaches, e.g. reverse.")
+DifficultyOpt = typer.Option(0, "--difficulty", min=0, max=3, help="Task input-size level.")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="job")
+
+
+def _spec(task_id: str, difficulty: int, tasks_module: list[str] | None):
+    from nestor.tasks import TaskError
+
+    try:
+        return registry(tasks_module).get(task_id).spec(difficulty)
+    except TaskError as exc:
+        fail(str(exc))
+
+
+def _job_dir(path: Path) -> Path:
+    if not path.is_dir():
+        fail(f"{path}: no such job directory")
+    return path
+
+
+@app.command("validate")
+def validate(
+    job_dir: Path = JobDirArg,
+    task: str = TaskOpt,
+    difficulty: int = DifficultyOpt,
+    token_budget: int | None = typer.Option(None, "--token-budget", min=1,
+                                            help="Cap on sampled tokens (default: the standard cap)."),
+    tasks_module: list[str] | None = TasksModuleOpt,
+    json_: bool = JsonOpt,
+) -> None:
+    """Run the validation probe; exit 0 when the job passes, 1 when it does not."""
+    from nestor.job.config import DEFAULT_TOKEN_BUDGET
+    from nestor.job.validate import validate_job
+
+    spec = _spec(task, difficulty, tasks_module)
+    _job_dir(job_dir)
+    with console.status(f"validating {job_dir} for {task}…"):
+        report = validate_job(job_dir, spec, token_budget=token_budget or DEFAULT_TOKEN_BUDGET)
+    if json_:
+        print_json(report.model_dump())
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("check", "", "message", title=f"{job_dir} ({report.elapsed_s:.1f} s)")
+        for c in report.checks:
+            table.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]FAIL[/red]", c.message)
+        Console().print(table)
+        Console().print("[green]passed[/green]" if report.passed else "[red]failed[/red]")
+    raise typer.Exit(0 if report.passed else 1)
+
+
+@app.command("export")
+def export(
+    job_dir: Path = JobDirArg,
+    prime_rl: Path = typer.Option(..., "--prime-rl", help="Where to write the prime-rl rl.toml."),
+) -> None:
+    """Render the job as a prime-rl rl.toml (`rl @ OUT.toml`)."""
+    from nestor.job.config import JobConfigError
+    from nestor.job.export import to_prime_rl_toml
+    from nestor.job.layout import LayoutError
+
+    try:
+        text = to_prime_rl_toml(_job_dir(job_dir))
+    except (LayoutError, JobConfigError) as exc:
+        fail(f"{job_dir}: {exc}")
+    try:
+        prime_rl.parent.mkdir(parents=True, exist_ok=True)
+        prime_rl.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot write {prime_rl}: {exc.strerror or exc}")
+    console.print(f"wrote {prime_rl}", highlight=False)
+
+
+@app.command("init")
+def init(
+    job_dir: Path = JobDirArg,
+    task: str = TaskOpt,
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty directory."),
+    tasks_module: list[str] | None = TasksModuleOpt,
+) -> None:
+    """Scaffold a minimal valid job for TASK, to edit by hand."""
+    from nestor.job.scaffold import ScaffoldError, init_job
+    from nestor.tasks import TaskError
+
+    try:
+        ref = registry(tasks_module).get(task)
+    except TaskError as exc:
+        fail(str(exc))
+    try:
+        written = init_job(job_dir, ref, force=force)
+    except ScaffoldError as exc:
+        fail(str(exc))
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+
+
+@app.command("train")
+def train(
+    job_dir: Path = JobDirArg,
+    task: str = TaskOpt,
+    difficulty: int = DifficultyOpt,
+    out: Path | None = typer.Option(None, "--out", help="Where the checkpoint goes."),
+    timeout_s: float = typer.Option(3600.0, "--timeout", min=1, help="Wall-clock limit, seconds."),
+    tasks_module: list[str] | None = TasksModuleOpt,
+    json_: bool = JsonOpt,
+) -> None:
+    """Validate, then GRPO-train the job's base model and score it on the hidden eval."""
+    from nestor.inner.run import run_job
+    from nestor.inner.types import JobRequest
+
+    _spec(task, difficulty, tasks_module)
+    request = JobRequest(job_dir=_job_dir(job_dir).resolve(), task_id=task, difficulty=difficulty,
+                         out_dir=out, timeout_s=timeout_s, tasks_modules=list(tasks_module or []))
+    result = run_job(request)
+    if json_:
+        print_json(result.model_dump())
+    else:
+        console.print(f"status {result.status}: pre {result.pre_score} -> post "
+                      f"{result.post_score} in {result.wall_s:.0f} s", highlight=False)
+        if result.status != "ok" and result.log_tail:
+            console.print(result.log_tail, highlight=False, markup=False)
+    raise typer.Exit(0 if result.status == "ok" else 1)

@@ -1,0 +1,192 @@
+"""One inner job, end to end: config -> budget -> base model -> pre -> GRPO -> post -> checkpoint.
+
+`run_job` never raises for a problem of the job: a bad config is `invalid`, a crash of the
+job's code (or of its sandboxed reward server) is `failed` with a log tail, and a job that
+runs past `request.timeout_s` is `timeout` (checked between steps; every request to the reward
+server has its own timeout, so nothing waits forever).
+
+Trust: the job's code runs only in the sandboxed `JobTaskSource`. Pre and post are hidden-eval
+scores computed here, in the trusted process, on weights held as tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import tempfile
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from nestor.inner.types import JobRequest, JobResult
+from nestor.job.config import JobConfigError, load_job_config
+
+LOG_LINES = 40
+
+
+class WarmState:
+    """What a warm worker keeps across jobs: loaded base models (never trained: each job gets a
+    copy) and pre-scores of (model, task, difficulty)."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self._models: dict[str, tuple] = {}
+        self._pre: dict[tuple[str, str, int], float] = {}
+
+    def base(self, name: str):
+        """(frozen base model, tokenizer), loaded once."""
+        if name not in self._models:
+            from nestor.models.registry import load_model
+
+            model, tokenizer = load_model(name, device=self.device)
+            if self.device == "cpu":
+                model = model.float()  # CPU training and sampling in float32
+            model.eval().requires_grad_(False)
+            self._models[name] = (model, tokenizer)
+        return self._models[name]
+
+    def trainable_copy(self, name: str):
+        model, tokenizer = self.base(name)
+        return copy.deepcopy(model), tokenizer
+
+    def pre_score(self, name: str, task_id: str, difficulty: int) -> float:
+        key = (name, task_id, difficulty)
+        if key not in self._pre:
+            from nestor.inner.evaluate import pre_score
+
+            self._pre[key] = float(pre_score(name, task_id, difficulty).accuracy)
+        return self._pre[key]
+
+
+class _Log:
+    """The last lines of a job's log, for JobResult.log_tail."""
+
+    def __init__(self):
+        self.lines: deque[str] = deque(maxlen=LOG_LINES)
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+
+    def tail(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _step_line(m: dict) -> str:
+    return (f"step {m['step']}: reward {m['reward_mean']:.3f}±{m['reward_std']:.3f} "
+            f"zero-var {m['zero_var_frac']:.2f} len {m['completion_len']:.1f} "
+            f"entropy {m.get('entropy', float('nan')):.3f} {m['tokens_per_s']:.0f} tok/s")
+
+
+def run_job(request: JobRequest, *, warm: WarmState | None = None,
+            on_step: Callable[[dict], None] | None = None) -> JobResult:
+    """Train one job and score it. `on_step` gets each step's metrics (for progress bars)."""
+    t0 = time.monotonic()
+    log = _Log()
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    result = {"worker": worker}
+
+    def done(status: str, **kw) -> JobResult:
+        if kw.get("log_tail") is None:
+            kw["log_tail"] = log.tail()
+        return JobResult(status=status, wall_s=time.monotonic() - t0, **{**result, **kw})
+
+    job_dir = Path(request.job_dir)
+    try:
+        config = load_job_config(job_dir / "config.toml")
+    except JobConfigError as exc:
+        return done("invalid", log_tail=str(exc))
+    if (err := config.budget_error(request.token_budget)) is not None:
+        return done("invalid", log_tail=err)
+    result["base_model"] = config.base_model
+    from nestor.models.registry import MODEL_NAMES, ModelNotFoundError
+
+    if config.base_model not in MODEL_NAMES:
+        return done("invalid", log_tail=f"config.toml: base_model {config.base_model!r} is not "
+                    f"one of {', '.join(MODEL_NAMES)}")
+    from nestor.tasks import TaskError, TaskRegistry
+
+    try:
+        task = TaskRegistry(request.tasks_modules).get(request.task_id)
+    except TaskError as exc:
+        return done("invalid", log_tail=str(exc))
+
+    warm = warm or WarmState()
+    history: list[dict] = []
+    train_s = 0.0
+    try:
+        try:
+            base, _ = warm.base(config.base_model)
+            model, tokenizer = warm.trainable_copy(config.base_model)
+        except ModelNotFoundError as exc:
+            return done("failed", log_tail=f"base model: {exc}")
+        pre = warm.pre_score(config.base_model, request.task_id, request.difficulty)
+        result["pre_score"] = pre
+        log(f"{config.base_model} on {request.task_id}: pre-score {pre:.3f}")
+        deadline = t0 + request.timeout_s
+
+        from nestor.inner.grpo import GRPOTrainer
+        from nestor.job.tasksource import JobTaskSource
+
+        with JobTaskSource(job_dir) as source:
+            prompts = source.prompts()
+            log(f"reward server up: {len(prompts)} tasks")
+            trainer = GRPOTrainer(model, tokenizer, prompts, source.score, config,
+                                  ref_model=base)
+
+            def step_done(m: dict) -> None:
+                history.append(m)
+                log(_step_line(m))
+                if on_step is not None:
+                    on_step(m)
+
+            t_train = time.monotonic()
+            trainer.train(should_stop=lambda: time.monotonic() > deadline, on_step=step_done)
+            train_s = time.monotonic() - t_train
+        result.update(steps=len(history), train_s=train_s, metrics=history,
+                      reward_curve=[round(m["reward_mean"], 4) for m in history])
+        if time.monotonic() > deadline:
+            log(f"timeout: {request.timeout_s:g} s passed after {len(history)} of "
+                f"{config.max_steps} steps")
+            return done("timeout")
+
+        post = _post_score(trainer.model, tokenizer, task, request.difficulty)
+        log(f"post-score {post:.3f} ({post - pre:+.3f})")
+        out_dir = Path(request.out_dir) if request.out_dir else Path(
+            tempfile.mkdtemp(prefix="nestor-job-"))
+        ckpt = _save(trainer.model, tokenizer, out_dir, config, request, history)
+        return done("ok", post_score=post, improvement=post - pre, checkpoint=str(ckpt))
+    except Exception as exc:  # the job's code, its reward server or the trainer failed
+        result.update(steps=len(history), train_s=train_s, metrics=history,
+                      reward_curve=[round(m["reward_mean"], 4) for m in history])
+        tb = traceback.format_exception_only(type(exc), exc)
+        log(f"failed after {len(history)} steps: {''.join(tb).strip()}")
+        if getattr(exc, "stage", None) is None:  # not the job's code: keep where it broke
+            log("".join(traceback.format_tb(exc.__traceback__)[-3:]).rstrip())
+        return done("failed")
+
+
+def _post_score(model, tokenizer, task, difficulty: int) -> float:
+    """Hidden eval of the trained weights, in this trusted process."""
+    from nestor.inner.evaluate import score_model
+    from nestor.tasks.hidden import hidden_eval
+
+    model.eval()
+    return float(score_model(model, tokenizer, hidden_eval(task, difficulty=difficulty)).accuracy)
+
+
+def _save(model, tokenizer, out_dir: Path, config, request: JobRequest,
+          history: list[dict]) -> Path:
+    from nestor.inner.checkpoint import save_checkpoint
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "metrics.jsonl").open("w") as fh:
+        for m in history:
+            fh.write(json.dumps(m) + "\n")
+    meta = {"task_id": request.task_id, "difficulty": request.difficulty,
+            "job_dir": str(request.job_dir), "config": config.model_dump(),
+            "steps": len(history)}
+    return save_checkpoint(model, tokenizer, out_dir / "checkpoint", meta=meta)

@@ -1,0 +1,96 @@
+"""Render a job as a prime-rl `rl.toml`, for running it on a cluster with `rl @ rl.toml`.
+
+Only keys seen in prime-rl's config classes are written (see DESIGN.md); knobs of the built-in
+trainer that have no such key are listed in a comment instead of being guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tomli_w
+
+from nestor.job.config import JobConfig, load_job_config
+from nestor.job.layout import read_layout
+
+HF_REPOS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "qwen3-1.7b": "Qwen/Qwen3-1.7B"}
+NOT_CARRIED = ("clip_ratio", "kl_coef", "updates_per_step", "scale_rewards",
+               "skip_zero_variance", "weight_decay", "grad_clip", "seed")
+TEMPLATE_TOKENS = 32  # chat-template overhead around one user message, generously
+
+
+def _model_name(base_model: str) -> str:
+    if base_model in HF_REPOS:
+        return HF_REPOS[base_model]
+    try:
+        from nestor.models.registry import resolve_model_dir
+
+        return str(resolve_model_dir(base_model))
+    except Exception:  # not available here: name it, the cluster side resolves it
+        return base_model
+
+
+def _seq_len(data: Path, max_new_tokens: int) -> int:
+    """A power of two covering the longest prompt (characters bound tokens from above for
+    every tokenizer we use) plus the completion."""
+    longest = 0
+    with data.open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                longest = max(longest, len(json.loads(line).get("prompt", "")))
+            except (ValueError, AttributeError, TypeError):
+                continue
+    need, size = longest + TEMPLATE_TOKENS + max_new_tokens, 256
+    while size < need:
+        size *= 2
+    return size
+
+
+def to_prime_rl(job_dir: Path | str) -> dict:
+    """The rl.toml of a job as a dict (LayoutError / JobConfigError for a broken job)."""
+    layout = read_layout(job_dir)
+    config: JobConfig = load_job_config(layout.config)
+    source = {
+        "env": {
+            "taskset": {"id": layout.taskset_id},
+            "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}},
+        },
+    }
+    trainer: dict = {"optim": {"lr": config.learning_rate}}
+    if config.lora_rank > 0:
+        trainer["model"] = {"lora": {"rank": config.lora_rank, "alpha": config.lora_alpha}}
+    return {
+        "max_steps": config.max_steps,
+        "seq_len": _seq_len(layout.data, config.max_new_tokens),
+        "model": {"name": _model_name(config.base_model)},
+        "deployment": {"num_train_gpus": 1, "num_infer_gpus": 1},
+        "orchestrator": {
+            "batch_size": config.prompts_per_step * config.group_size,
+            "group_size": config.group_size,
+            "max_off_policy_steps": 1,
+            "train": {
+                "sampling": {"temperature": config.temperature,
+                             "max_completion_tokens": config.max_new_tokens},
+                "source": [source],
+            },
+        },
+        "trainer": trainer,
+    }
+
+
+def to_prime_rl_toml(job_dir: Path | str) -> str:
+    layout = read_layout(job_dir)
+    config = load_job_config(layout.config)
+    env = layout.env.resolve()
+    header = [
+        f"# prime-rl config for the nestor job {layout.root.resolve()}",
+        f"# Install the taskset first (editable: it reads {layout.data.name} from the job):",
+        f"#   uv pip install -e {env}",
+        "# then run:  rl @ rl.toml",
+        "# Advantages there are reward - group mean; batch_size counts rollouts per step.",
+        "# Not carried over (no prime-rl key): " + ", ".join(
+            f"{k}={getattr(config, k)}" for k in NOT_CARRIED),
+        "",
+    ]
+    return "\n".join(header) + tomli_w.dumps(to_prime_rl(job_dir))

@@ -1,0 +1,118 @@
+"""Where things live in a job directory, and reading its layout without running any of it.
+
+    job/
+      config.toml            JobConfig
+      data/train.jsonl       dataset rows ({"prompt": str, "answer": str}, one JSON object a line)
+      env/pyproject.toml     the taskset package's metadata; [project] name = the taskset id
+      env/<name>/__init__.py exports exactly one vf.Taskset subclass in __all__
+
+Everything here reads files as data; the env package is only ever imported in the sandbox.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG = "config.toml"
+DATA = "data/train.jsonl"
+ENV = "env"
+PYPROJECT = "env/pyproject.toml"
+REQUIRED = (CONFIG, DATA, PYPROJECT)
+MAX_DATA_BYTES = 32 << 20
+
+
+class LayoutError(ValueError):
+    """The job directory is not laid out as the format asks; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    root: Path
+    package: str  # the importable env package: env/<package>/__init__.py
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG
+
+    @property
+    def data(self) -> Path:
+        return self.root / DATA
+
+    @property
+    def env(self) -> Path:
+        return self.root / ENV
+
+    @property
+    def taskset_id(self) -> str:
+        """What prime-rl's `[...env.taskset] id` names (it imports `id` with '-' -> '_')."""
+        return self.package
+
+
+def env_packages(root: Path) -> list[str]:
+    env = root / ENV
+    if not env.is_dir():
+        return []
+    return sorted(p.name for p in env.iterdir()
+                  if p.is_dir() and not p.is_symlink() and (p / "__init__.py").is_file()
+                  and not p.name.startswith((".", "_")) and not p.name.endswith(".egg-info"))
+
+
+def read_layout(job_dir: Path | str) -> JobLayout:
+    """The job's layout, or LayoutError naming every missing or misplaced piece."""
+    root = Path(job_dir)
+    if not root.is_dir():
+        raise LayoutError(f"{root}: not a directory")
+    problems = [f"{name} is missing" for name in REQUIRED if not (root / name).is_file()]
+    packages = env_packages(root)
+    if not packages:
+        problems.append("no taskset package: add env/<name>/__init__.py (name = a Python "
+                        "identifier, e.g. env/my_job/__init__.py)")
+    elif len(packages) > 1:
+        problems.append(f"env/ holds {len(packages)} packages ({', '.join(packages)}); keep "
+                        "exactly one taskset package")
+    if problems:
+        raise LayoutError("; ".join(problems))
+    package = packages[0]
+    if not package.isidentifier():
+        raise LayoutError(f"env/{package}: not an importable name; use letters, digits and "
+                          "underscores (e.g. env/my_job)")
+    if package in sys.stdlib_module_names or package in ("verifiers", "nestor") or \
+            _installed(package, root):
+        raise LayoutError(f"env/{package} would shadow the installed module {package!r}; "
+                          f"rename it (e.g. env/{package}_job)")
+    _check_pyproject(root / PYPROJECT, package)
+    data = root / DATA
+    if data.stat().st_size > MAX_DATA_BYTES:
+        raise LayoutError(f"{DATA} is {data.stat().st_size:,} bytes; keep it under "
+                          f"{MAX_DATA_BYTES:,}")
+    return JobLayout(root=root, package=package)
+
+
+def _installed(name: str, root: Path) -> bool:
+    """Is `name` importable here from somewhere other than this job (site-packages, the cwd)?"""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    origin = Path(spec.origin or next(iter(spec.submodule_search_locations or []), ""))
+    return not origin.resolve().is_relative_to(root.resolve())
+
+
+def _check_pyproject(path: Path, package: str) -> None:
+    try:
+        meta = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise LayoutError(f"{PYPROJECT}: not valid TOML: {exc}") from None
+    name = meta.get("project", {}).get("name") if isinstance(meta.get("project"), dict) else None
+    if not isinstance(name, str) or not name:
+        raise LayoutError(f"{PYPROJECT}: needs [project] name = \"{package.replace('_', '-')}\"")
+    if name.replace("-", "_").lower() != package:
+        raise LayoutError(f"{PYPROJECT}: [project] name {name!r} must match the package "
+                          f"env/{package} (prime-rl imports the taskset id with '-' read as '_'); "
+                          f"use name = \"{package.replace('_', '-')}\"")

@@ -1,0 +1,336 @@
+"""The validation probe: is this job safe and sensible to train? Run on every submit.
+
+Each check reports a name, ok and a message the job's author can act on. The job's own code
+runs only in the sandboxed host (tasksource.py); this module sees plain data. A check whose
+inputs are missing (an earlier check failed) is left out rather than reported as a failure, so
+a report names the first thing to fix in each chain:
+
+  files -> config -> budget                      (trusted: reads files as data)
+  files -> dataset
+  files -> imports -> taskset -> load -> context
+                                     -> rewards_valid -> deterministic, reward_speed,
+                                        reference_beats_empty, reference_beats_corrupted,
+                                        not_constant
+                                     -> dry_run  (a few base-model rollouts through the rubric)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig, JobConfigError, load_job_config
+from nestor.job.dryrun import render_prompt, rollouts, tokenizer_for
+from nestor.job.layout import DATA, JobLayout, LayoutError, read_layout
+from nestor.job.rubric_probe import RubricProbe, probe_replies
+from nestor.job.tasksource import JobTaskSource, TaskSourceError, Timeouts, prewarm
+from nestor.sandbox import Limits, SandboxError
+from nestor.tasks import TaskSpec
+
+log = logging.getLogger("nestor.job")
+
+MIN_TASKS = 32  # load() must yield at least this many tasks
+MAX_ROWS = 200_000
+RUBRIC_TASKS = 16  # tasks probed by the rubric checks
+DRY_RUN_PROMPTS, DRY_RUN_SAMPLES = 4, 2
+MAX_SECONDS_PER_REPLY = 0.02  # mean rubric time per completion; a GRPO step scores ~128
+PROBE_LIMITS = Limits(cpu_s=60, memory_mb=2048, nproc=64, fsize_mb=16, nofile=256, wall_s=30,
+                      output_bytes=200_000, tmp_mb=64)
+PROBE_TIMEOUTS = Timeouts(start_s=60, import_s=10, load_s=15, score_s=10)
+
+
+class Check(BaseModel):
+    name: str
+    ok: bool
+    message: str
+
+
+class ValidationReport(BaseModel):
+    passed: bool
+    checks: list[Check]
+    elapsed_s: float = Field(description="Wall-clock seconds the probe took.")
+
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def summary(self) -> str:
+        """One line per failed check (what the agent reads back after a failed submit)."""
+        if self.passed:
+            return f"validation passed ({len(self.checks)} checks, {self.elapsed_s:.1f} s)"
+        return "validation failed:\n" + "\n".join(f"- {c.name}: {c.message}" for c in self.failed())
+
+
+class _Report:
+    def __init__(self):
+        self.checks: list[Check] = []
+
+    def add(self, name: str, ok: bool, message: str) -> bool:
+        self.checks.append(Check(name=name, ok=ok, message=message))
+        return ok
+
+
+def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
+                 warm: bool = True, keep_warm: bool = False,
+                 dry_run: bool = True) -> ValidationReport:
+    """Run every check on the job in `job_dir` for the task `spec`. Never raises for anything
+    the job contains. `warm` takes a prewarmed sandbox host if one is waiting; `keep_warm`
+    starts one for the next call (callers that validate again soon, like an episode, want it:
+    the child's start-up then happens while the agent works)."""
+    t0 = time.perf_counter()
+    report = _Report()
+    try:
+        _validate(Path(job_dir), spec, token_budget, warm, dry_run, report)
+    except Exception as exc:  # a bug of ours must not take the episode down with it
+        log.exception("validation probe crashed")
+        report.add("probe", False, f"the probe itself failed ({type(exc).__name__}: {exc}); "
+                   "this is not your job's fault — resubmit")
+    if keep_warm:
+        prewarm(PROBE_LIMITS)
+    checks = report.checks
+    return ValidationReport(passed=bool(checks) and all(c.ok for c in checks), checks=checks,
+                            elapsed_s=round(time.perf_counter() - t0, 3))
+
+
+def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_run: bool,
+              report: _Report) -> None:
+    try:
+        layout = read_layout(job_dir)
+    except LayoutError as exc:
+        report.add("files", False, str(exc))
+        _trusted_checks(job_dir, None, token_budget, report)
+        return
+    report.add("files", True, f"config.toml, {DATA}, env/pyproject.toml, env/{layout.package}/")
+    # The child imports verifiers (seconds) while we check files and load the base model.
+    try:
+        source = JobTaskSource(layout.root, limits=PROBE_LIMITS, timeouts=PROBE_TIMEOUTS,
+                               warm=warm, package=layout.package)
+    except SandboxError as exc:
+        report.add("imports", False, f"could not start the sandbox: {exc}")
+        return
+    with source:
+        config = _trusted_checks(job_dir, layout, token_budget, report)
+        tokenizer = _tokenizer(config.base_model) if config else None
+        _sandbox_checks(source, spec, config, tokenizer, dry_run, report)
+
+
+def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
+                    report: _Report) -> JobConfig | None:
+    config = None
+    if (job_dir / "config.toml").is_file():
+        try:
+            config = load_job_config(job_dir / "config.toml")
+        except JobConfigError as exc:
+            report.add("config", False, str(exc))
+        else:
+            problem = _model_problem(config.base_model)
+            if problem:
+                report.add("config", False, problem)
+                config = None
+            else:
+                report.add("config", True, f"base model {config.base_model}, {config.max_steps} "
+                           f"steps of {config.prompts_per_step}×{config.group_size}")
+    if config is not None:
+        error = config.budget_error(token_budget)
+        report.add("budget", error is None, error or f"{config.sampled_tokens():,} of "
+                   f"{token_budget:,} sampled tokens")
+    if (job_dir / DATA).is_file():
+        ok, message = check_dataset(job_dir / DATA)
+        report.add("dataset", ok, message)
+    return config
+
+
+def _model_problem(name: str) -> str | None:
+    try:
+        from nestor.models.registry import MODEL_NAMES
+    except ImportError:  # the registry is not installed in this build: trust the name
+        return None
+    if name not in MODEL_NAMES:
+        return f"config.toml: base_model {name!r} is not a known model; use one of " + \
+            ", ".join(MODEL_NAMES)
+    return None
+
+
+def check_dataset(path: Path) -> tuple[bool, str]:
+    """Every line of data/train.jsonl is a JSON object with a string `prompt` (and, if present,
+    a string or number `answer`)."""
+    rows = 0
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    return False, f"{DATA} line {lineno}: not JSON ({exc}); write one JSON " \
+                        "object per line"
+                if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                    return False, f"{DATA} line {lineno}: each row must be a JSON object with " \
+                        f"a string \"prompt\", got {line.strip()[:80]!r}"
+                if "answer" in row and not isinstance(row["answer"], str | int | float):
+                    return False, f"{DATA} line {lineno}: \"answer\" must be a string"
+                rows += 1
+                if rows > MAX_ROWS:
+                    return False, f"{DATA}: more than {MAX_ROWS:,} rows; keep it smaller"
+    except UnicodeDecodeError:
+        return False, f"{DATA}: not UTF-8 text"
+    if rows == 0:
+        return False, f"{DATA} is empty; write one JSON object per line"
+    return True, f"{rows:,} rows"
+
+
+# ----------------------------------------------------------------------------- the sandbox
+
+def _sandbox_checks(source: JobTaskSource, spec: TaskSpec, config: JobConfig | None,
+                    tokenizer, dry_run: bool, report: _Report) -> None:
+    try:
+        source.start()
+    except TaskSourceError as exc:
+        report.add("imports", False, f"the sandbox did not start: {exc}")
+        return
+    try:
+        info = source.import_env()
+    except TaskSourceError as exc:
+        report.add("imports" if exc.stage in ("import", "host") else "taskset", False, str(exc))
+        if exc.stage == "taskset":  # the import itself went through
+            report.checks.insert(-1, Check(name="imports", ok=True,
+                                           message=f"env/{source.package} imports"))
+        return
+    report.add("imports", True, f"env/{source.package} imports in "
+               f"{source.timings.get('import', 0):.2f} s")
+    report.add("taskset", True, f"{info['taskset']} -> {info['task']}, rewards: "
+               f"{', '.join(info['rewards'])}")
+    try:
+        tasks = source.load()
+    except TaskSourceError as exc:
+        report.add("load", False, str(exc))
+        return
+    if not _check_tasks(tasks, source, report):
+        return
+    if config is not None:
+        _check_context(tasks, spec, config, tokenizer, report)
+    valid = _rubric_checks(source, tasks, spec, report)
+    if dry_run and valid and config is not None:
+        _dry_run(source, tasks, config, report)
+
+
+def _check_tasks(tasks: list[dict], source: JobTaskSource, report: _Report) -> bool:
+    if len(tasks) < MIN_TASKS:
+        return report.add("load", False, f"load() yielded {len(tasks)} tasks; it needs at least "
+                          f"{MIN_TASKS} (varied prompts: the trainer samples a batch per step)")
+    with_system = sum(t["system_prompt"] is not None for t in tasks)
+    if with_system:
+        return report.add("load", False, f"{with_system} tasks set a system_prompt; the test "
+                          "shows the model exactly one user message and no system prompt, so "
+                          "put everything in `prompt`")
+    empty = sum(not t["prompt"].strip() for t in tasks)
+    if empty:
+        return report.add("load", False, f"{empty} tasks have an empty prompt")
+    distinct = len({t["prompt"] for t in tasks})
+    more = " (capped)" if source.info.get("truncated") else ""
+    return report.add("load", True, f"{len(tasks):,} tasks{more}, {distinct:,} distinct prompts "
+                      f"in {source.timings.get('load', 0):.2f} s")
+
+
+def _check_context(tasks: list[dict], spec: TaskSpec, config: JobConfig, tokenizer,
+                   report: _Report) -> None:
+    limit = _context_length(config.base_model)
+    if tokenizer is None or limit is None:
+        report.add("context", True, f"skipped: no tokenizer for {config.base_model} here")
+        return
+    # Token counts grow with characters, so the longest prompts by characters are the ones to
+    # measure exactly.
+    longest = sorted(range(len(tasks)), key=lambda i: -len(tasks[i]["prompt"]))[:16]
+    worst, worst_i = 0, 0
+    for i in longest:
+        n = len(render_prompt(tokenizer, tasks[i]["prompt"]))
+        if n > worst:
+            worst, worst_i = n, i
+    need = worst + config.max_new_tokens
+    if need > limit:
+        report.add("context", False, f"task {worst_i}'s prompt is {worst} tokens; with "
+                   f"max_new_tokens={config.max_new_tokens} that is {need}, over "
+                   f"{config.base_model}'s context of {limit}; shorten the prompts")
+        return
+    report.add("context", True, f"longest prompt {worst} tokens + {config.max_new_tokens} new "
+               f"≤ {limit}")
+
+
+def _rubric_checks(source: JobTaskSource, tasks: list[dict], spec: TaskSpec,
+                   report: _Report) -> bool:
+    """Score probe replies twice; returns whether rewards were valid (the dry run needs it)."""
+    picks = random.Random(0).sample(range(len(tasks)), min(RUBRIC_TASKS, len(tasks)))
+    replies = probe_replies(tasks, picks, spec)
+    try:
+        first = source.score_batch([r.task for r in replies], [r.text for r in replies])
+    except TaskSourceError as exc:
+        report.add("rewards_valid", False, str(exc))
+        return False
+    probe = RubricProbe(replies, first)
+    ok, message = probe.valid()
+    if not report.add("rewards_valid", ok, message):
+        return False
+    try:
+        second = source.score_batch([r.task for r in replies], [r.text for r in replies])
+    except TaskSourceError as exc:
+        report.add("deterministic", False, str(exc))
+        return True
+    ok, message = probe.deterministic(second)
+    report.add("reward_speed", *probe.speed(MAX_SECONDS_PER_REPLY, second))
+    if not report.add("deterministic", ok, message):
+        return True
+    report.add("reference_beats_empty", *probe.beats_empty())
+    report.add("reference_beats_corrupted", *probe.beats_corrupted())
+    report.add("not_constant", *probe.not_constant())
+    return True
+
+
+def _dry_run(source: JobTaskSource, tasks: list[dict], config: JobConfig,
+             report: _Report) -> None:
+    t0 = time.perf_counter()
+    try:
+        picks = random.Random(1).sample(range(len(tasks)), min(DRY_RUN_PROMPTS, len(tasks)))
+        indices = [i for i in picks for _ in range(DRY_RUN_SAMPLES)]
+        texts = rollouts(config, [tasks[i]["prompt"] for i in indices])
+    except Exception as exc:  # the model could not be loaded here: an actionable config problem
+        report.add("dry_run", False, f"sampling from {config.base_model} failed: "
+                   f"{type(exc).__name__}: {exc}")
+        return
+    try:
+        batch = source.score_batch(indices, texts)
+    except TaskSourceError as exc:
+        report.add("dry_run", False, f"scoring base-model rollouts: {exc}")
+        return
+    for i, (r, err) in enumerate(zip(batch.rewards, batch.errors, strict=True)):
+        if r is None or not 0.0 <= r <= 1.0:
+            report.add("dry_run", False, f"task {indices[i]}, base-model reply {texts[i]!r}: "
+                       f"{err or f'reward {r} outside [0, 1]'}")
+            return
+    mean = sum(batch.rewards) / len(batch.rewards)
+    report.add("dry_run", True, f"{len(texts)} rollouts of {config.base_model} scored, mean "
+               f"reward {mean:.2f} ({time.perf_counter() - t0:.2f} s)")
+
+
+# ----------------------------------------------------------------------------- base models
+
+def _tokenizer(name: str):
+    try:
+        return tokenizer_for(name)
+    except Exception as exc:  # no weights here: the context check says it skipped
+        log.info("no tokenizer for %s: %s", name, exc)
+        return None
+
+
+def _context_length(name: str) -> int | None:
+    try:
+        from nestor.models.registry import context_length
+
+        return context_length(name)
+    except Exception:
+        return None
+

@@ -1,0 +1,143 @@
+"""Base models by name: the bundled tiny models and the Qwen3 models from local weights.
+
+Loading never touches the network: bundled models load from the package directory, Qwen3
+models from (in order) the env var `NESTOR_MODEL_<NAME>`, `Settings.model_paths`, or the local
+Hugging Face cache, always with `local_files_only=True`. When weights are absent the error says
+how to provide them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    description: str
+    hf_repo: str | None = None  # None: bundled in the package
+
+
+MODELS: dict[str, ModelEntry] = {
+    e.name: e
+    for e in (
+        ModelEntry("tiny-s", "~1M-parameter char-level Qwen3, bundled (weaker)"),
+        ModelEntry("tiny-m", "~4.7M-parameter char-level Qwen3, bundled (stronger)"),
+        ModelEntry("qwen3-0.6b", "Qwen/Qwen3-0.6B from local weights", "Qwen/Qwen3-0.6B"),
+        ModelEntry("qwen3-1.7b", "Qwen/Qwen3-1.7B from local weights", "Qwen/Qwen3-1.7B"),
+    )
+}
+MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
+WEIGHTS_FILE = "model.safetensors"
+
+
+class ModelNotFoundError(ValueError):
+    """A model name or path that cannot be loaded; the message says what to do."""
+
+
+def env_var(name: str) -> str:
+    """`qwen3-0.6b` -> `NESTOR_MODEL_QWEN3_0_6B`."""
+    return "NESTOR_MODEL_" + "".join(c if c.isalnum() else "_" for c in name.upper())
+
+
+def _hf_cache_snapshot(repo: str) -> Path | None:
+    """The newest complete snapshot of `repo` in the local HF cache, without any network."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, local_files_only=True))
+    except Exception:  # not cached (or no hub library): the caller explains how to provide it
+        return None
+
+
+def _check_dir(path: Path, what: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(f"{what}: {path} has no config.json (expected a Hugging Face "
+                                 "model directory with config.json, weights and tokenizer files)")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ModelNotFoundError(f"{what}: no weights file (*.safetensors) in {path}")
+    return path
+
+
+def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
+    """The local directory holding a model's config, weights and tokenizer."""
+    key = str(name_or_path)
+    if key not in MODELS:
+        path = Path(key).expanduser()
+        if path.is_dir():
+            return _check_dir(path, f"model directory {key!r}")
+        known = ", ".join(MODEL_NAMES)
+        raise ModelNotFoundError(f"unknown model {key!r}: use one of {known} or a directory of "
+                                 "Hugging Face weights")
+    entry = MODELS[key]
+    if entry.hf_repo is None:
+        path = BUNDLED_DIR / key
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"bundled model {key!r} is missing {path / 'config.json'}; rebuild it with "
+                f"`nestor models pretrain --model {key}`")
+        if not (path / WEIGHTS_FILE).is_file():
+            raise ModelNotFoundError(
+                f"bundled model {key!r} is missing its weights file {path / WEIGHTS_FILE}; "
+                f"rebuild it with `nestor models pretrain --model {key}`")
+        return path
+    var = env_var(key)
+    if os.environ.get(var):
+        return _check_dir(Path(os.environ[var]).expanduser(), f"{key} (from ${var})")
+    from nestor.config import load_settings
+
+    configured = load_settings().model_paths.get(key)
+    if configured is not None:
+        return _check_dir(Path(configured).expanduser(), f"{key} (from nestor.toml model_paths)")
+    cached = _hf_cache_snapshot(entry.hf_repo)
+    if cached is not None:
+        return _check_dir(cached, f"{key} (from the Hugging Face cache)")
+    raise ModelNotFoundError(
+        f"model {key!r} ({entry.hf_repo}) is not available offline: download it once with "
+        f"`huggingface-cli download {entry.hf_repo}`, or set ${var} or "
+        f"[nestor.model_paths] {key} = \"/path\" in nestor.toml to a local copy")
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_dir(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise ModelNotFoundError(f"cannot load the tokenizer in {path}: "
+                                 f"{type(exc).__name__}: {exc}") from None
+    if tok.pad_token_id is None:  # Qwen3 ships a pad token; others may not
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(name_or_path: str | os.PathLike, device: str = "cpu", dtype=None):
+    """(model in eval mode on `device`, tokenizer). `dtype` defaults to the checkpoint's."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_dir(name_or_path)
+    tokenizer = load_tokenizer(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=dtype or "auto")
+    except Exception as exc:  # corrupt / truncated weights, bad config
+        files = ", ".join(str(p) for p in sorted(path.glob("*.safetensors"))) or str(path)
+        raise ModelNotFoundError(f"cannot load weights {files}: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def context_length(name_or_path: str | os.PathLike) -> int:
+    """Longest sequence (prompt + completion) the model takes, read from its config."""
+    path = resolve_model_dir(name_or_path)
+    config = json.loads((path / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 2048))

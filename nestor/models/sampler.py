@@ -1,0 +1,123 @@
+"""Batched sampling with our own KV-cache loop (no `generate`): one prefill, then one forward
+per new token on the last token only. Returns token ids, a mask of sampled tokens and their
+log-probabilities under the (temperature-scaled) sampling distribution, as RL needs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class Samples:
+    completion_ids: torch.Tensor  # [B, T] long; pad after eos
+    completion_mask: torch.Tensor  # [B, T] bool; True on sampled tokens, eos included
+    logprobs: torch.Tensor  # [B, T] float; log p(token) under the sampling distribution, 0 on pads
+    texts: list[str]  # decoded completions, eos stripped
+    prompt_ids: torch.Tensor  # [B, P] long; the left-padded prompts
+    prompt_mask: torch.Tensor  # [B, P] bool; False on left padding
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack prompts right-aligned: ([B, P] ids, [B, P] bool mask)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        if p:
+            ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[row, width - len(p):] = True
+    return ids.to(device), mask.to(device)
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on each row's first real token (left padding gets 0)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def distinct_rows(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([U] index of each distinct prompt's first row, [B] index into those for every row)."""
+    index: dict[tuple[int, ...], int] = {}
+    first, rows = [], []
+    for i, p in enumerate(prompts):
+        key = tuple(p)
+        if key not in index:
+            index[key] = len(first)
+            first.append(i)
+        rows.append(index[key])
+    return torch.tensor(first, dtype=torch.long), torch.tensor(rows, dtype=torch.long)
+
+
+def decode(tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+           eos_id: int) -> list[str]:
+    texts = []
+    for ids, keep in zip(completion_ids.tolist(), completion_mask.tolist(), strict=True):
+        toks = [t for t, k in zip(ids, keep, strict=True) if k and t != eos_id]
+        texts.append(tokenizer.decode(toks, skip_special_tokens=False))
+    return texts
+
+
+@torch.no_grad()
+def sample(model, prompts: list[list[int]], max_new_tokens: int, *, eos_id: int, pad_id: int,
+           temperature: float = 1.0, greedy: bool = False,
+           generator: torch.Generator | None = None, tokenizer=None) -> Samples:
+    """Sample up to `max_new_tokens` per prompt; a row stops at its first `eos_id`.
+
+    `tokenizer` decodes `texts`; by default the one `load_model` attached to the model.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("sample() needs a non-empty list of non-empty prompts")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (got {temperature}); use greedy=True instead")
+    tokenizer = tokenizer or getattr(model, "nestor_tokenizer", None)
+    if tokenizer is None:
+        raise ValueError("sample() needs tokenizer= (or a model from nestor.models.load_model)")
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id, device)
+    batch = prompt_ids.shape[0]
+
+    cache = DynamicCache()
+    attn = prompt_mask.long()  # [B, P + t], grows by one column per step
+    # Prefill each distinct prompt once (a GRPO group repeats its prompt G times), then gather
+    # its KV cache and last logits to every row that shares it: the prefill costs P, not P*G.
+    first, rows = distinct_rows(prompts)
+    out = model(input_ids=prompt_ids[first], attention_mask=attn[first],
+                position_ids=positions(prompt_mask[first]), past_key_values=cache,
+                use_cache=True, logits_to_keep=1)
+    if len(first) < batch:
+        cache.batch_select_indices(rows.to(device))
+    last_logits = out.logits[rows.to(device), -1, :]  # [B, V]
+    next_pos = prompt_mask.long().sum(-1, keepdim=True)  # [B, 1] position of the next token
+
+    tokens, keeps, logps = [], [], []
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    for _ in range(max_new_tokens):
+        logits = last_logits.float()  # [B, V]
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)  # [B, V]
+        if greedy:
+            tok = logits.argmax(-1)  # [B]
+        else:
+            tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+        logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)  # [B]
+        keep = ~done
+        tok = torch.where(keep, tok, torch.full_like(tok, pad_id))
+        tokens.append(tok)
+        keeps.append(keep)
+        logps.append(torch.where(keep, logp, torch.zeros_like(logp)))
+        done = done | (tok == eos_id)
+        if bool(done.all()):
+            break
+        attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
+                    past_key_values=cache, use_cache=True)
+        last_logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+
+    completion_ids = torch.stack(tokens, dim=1)  # [B, T]
+    completion_mask = torch.stack(keeps, dim=1)  # [B, T]
+    logprobs = torch.stack(logps, dim=1)  # [B, T]
+    texts = decode(tokenizer, completion_ids, completion_mask, eos_id)
+    return Samples(completion_ids, completion_mask, logprobs, texts, prompt_ids, prompt_mask)

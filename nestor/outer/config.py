@@ -1,0 +1,176 @@
+"""The run config (`nestor train CONFIG`): a TOML file validated into `RunConfig`.
+
+Every field has a default, a range and a description; the resolved config is written to
+RUN_DIR/config.toml so that a run can be resumed (and reproduced) from its directory alone.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class RunConfigError(ValueError):
+    """The run config is missing, not TOML, out of range or names a held-out task."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PolicyConfig(_Section):
+    kind: Literal["composer", "lm"] = Field(
+        "composer", description="Who writes jobs: the structured composer, or an HF chat LM.")
+    model: str = Field("tiny-m", description="lm: registry name or local path of the chat model.")
+    lora_rank: int = Field(8, ge=1, le=256, description="lm: LoRA rank of the trained adapter.")
+    lora_alpha: int = Field(16, ge=1, le=1024, description="lm: LoRA scaling alpha.")
+    temperature: float = Field(1.0, ge=0.05, le=2.0, description="lm: sampling temperature.")
+    max_new_tokens: int = Field(256, ge=1, le=32768, description="lm: token cap per turn.")
+    device: str = Field("cpu", description="lm: torch device of the policy model.")
+
+
+class RewardWeights(_Section):
+    w_improvement: float = Field(1.0, ge=0.0, le=10.0,
+                                 description="Weight of post − pre hidden-eval accuracy.")
+    w_valid: float = Field(0.1, ge=0.0, le=10.0, description="Weight of validation efficiency.")
+    w_speed: float = Field(0.02, ge=0.0, le=10.0,
+                           description="Weight of the speed tie-breaker (only when improving).")
+
+
+class RunConfig(_Section):
+    name: str = Field("run", min_length=1, max_length=64, description="Run name (run-dir prefix).")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of task order, policy and sampling.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    tasks: list[str] = Field(min_length=1, description="Training task ids; held-out ones refused.")
+    difficulty: int = Field(0, ge=0, le=3, description="Task difficulty level.")
+    group_size: int = Field(4, ge=2, le=64, description="G: episodes per task spec in a group.")
+    groups_per_step: int = Field(2, ge=1, le=64, description="B: completed groups per update.")
+    max_in_flight: int = Field(8, ge=1, le=1024, description="Episodes running at once.")
+    max_steps_off_policy: int = Field(
+        2, ge=0, le=100, description="Groups sampled more policy versions ago than this are stale.")
+    stale_groups: Literal["reweight", "drop"] = Field(
+        "reweight", description="Stale groups: kept with importance weights, or dropped.")
+    loss: Literal["importance_sampling"] = Field(
+        "importance_sampling", description="Sum over policy actions of -exp(logp - logp_sample)*A.")
+    clip_ratio: float = Field(0.0, ge=0.0, le=10.0, description="PPO-style clip of the ratio to "
+                              "[1-c, 1+c] (pessimistic min); 0 = plain importance sampling.")
+    learning_rate: float = Field(0.05, gt=0.0, le=10.0, description="Policy learning rate "
+                                 "(composer logits like ~0.05; LoRA on an LM ~1e-4..1e-5).")
+    steps: int = Field(10, ge=1, le=100000, description="Outer training steps (policy updates).")
+    reward: RewardWeights = Field(default_factory=RewardWeights)
+    pool: dict[str, Any] = Field(default_factory=lambda: {"backend": "local"}, description=
+                                 "The pool's config (nestor.pool.config.PoolConfig): backend, "
+                                 "workers, worker_types, ...")
+    episode: dict[str, Any] = Field(default_factory=dict, description="Episode options "
+                                    "(nestor.agent.episode.EpisodeConfig: max_turns, "
+                                    "max_attempts, job_timeout_s, models, ...).")
+
+    def pool_config(self):
+        """The [pool] table as the pool's own config; errors become one line."""
+        from nestor.pool.config import PoolConfig
+
+        return _validate(PoolConfig, self.pool, "pool")
+
+    def episode_config(self):
+        """The [episode] table plus difficulty and reward weights, as the episode's config."""
+        from nestor.agent.episode import EpisodeConfig
+
+        data = {**self.episode, "difficulty": self.difficulty}
+        data["reward"] = {**data.get("reward", {}), **self.reward.model_dump()}
+        return _validate(EpisodeConfig, data, "episode")
+
+    def check(self, registry) -> None:
+        """Everything that needs other rooms: tasks, pool and episode tables."""
+        self.check_tasks(registry)
+        self.pool_config()
+        self.episode_config()
+
+    def check_tasks(self, registry) -> None:
+        """Refuse unknown and held-out tasks with one actionable line."""
+        from nestor.tasks import TaskError
+
+        for task_id in self.tasks:
+            try:
+                ref = registry.get(task_id)
+            except TaskError as exc:
+                raise RunConfigError(f"tasks: {exc}") from None
+            if ref.heldout:
+                raise RunConfigError(
+                    f"tasks: {task_id!r} belongs to the held-out family {ref.family.name!r}, which "
+                    "is kept for transfer evals only; remove it from the run's tasks")
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}"
+                     for e in exc.errors())
+
+
+def _validate(model, data: dict[str, Any], table: str):
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RunConfigError(f"[{table}] {_problems(exc)}") from None
+
+
+def parse_run_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise RunConfigError(f"{source}: {_problems(exc)}") from None
+
+
+def load_run_config(path: Path) -> RunConfig:
+    if not path.is_file():
+        raise RunConfigError(f"{path}: no such config file")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise RunConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_run_config(data, str(path))
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """TOML for the resolved config (scalars, lists of scalars, nested tables; no None)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str | Path):
+            return _quote(str(v))
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+    lines: list[str] = []
+    tables: list[tuple[str, dict]] = []
+    for k, v in data.items():
+        if v is None:
+            continue
+        if isinstance(v, dict):
+            tables.append((k, v))
+        else:
+            lines.append(f"{k} = {value(v)}")
+    for name, table in tables:
+        body = dump_toml(table)
+        lines.append("")
+        # Nested tables become dotted sub-tables via the recursive call's own headers.
+        lines.append(f"[{name}]")
+        lines.extend(_prefix_tables(body, name).splitlines())
+    return "\n".join(lines).strip() + "\n"
+
+
+def _prefix_tables(body: str, prefix: str) -> str:
+    return "\n".join(f"[{prefix}.{ln[1:]}" if ln.startswith("[") else ln for ln in body.splitlines())
+
+
+def _quote(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def save_run_config(config: RunConfig, path: Path) -> None:
+    path.write_text(dump_toml(config.model_dump(mode="json")), encoding="utf-8")

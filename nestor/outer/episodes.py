@@ -1,0 +1,88 @@
+"""Wiring the loop to real episodes: the policy factory and the episode adapter.
+
+`make_episode_fn` runs `nestor.agent.episode.run_episode` for a ticket and condenses its
+EpisodeRecord into the EpisodeSummary the loop journals, trains on and measures.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from nestor.outer.config import RunConfig
+from nestor.outer.groups import EpisodeSummary
+
+KNOBS_IGNORED = {"base_model", "seed"}  # reported separately / not a training choice
+
+
+def make_policy(config: RunConfig):
+    """The run's policy, untrained (a resume loads its checkpoint afterwards)."""
+    pc = config.policy
+    if pc.kind == "lm":
+        from nestor.policy.lm import LMPolicy
+
+        return LMPolicy.from_pretrained(
+            pc.model, device=pc.device, learning_rate=config.learning_rate,
+            lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha, temperature=pc.temperature,
+            max_new_tokens=pc.max_new_tokens, clip_ratio=config.clip_ratio, seed=config.seed)
+    from nestor.policy.composer import Composer, ComposerConfig
+
+    episode = config.episode_config()
+    return Composer(ComposerConfig(base_models=episode.models, lr=config.learning_rate,
+                                   clip_ratio=config.clip_ratio, seed=config.seed,
+                                   token_budget=episode.token_budget))
+
+
+def knobs_changed(job_dir: Path) -> int | None:
+    """How many JobConfig knobs (besides base model and seed) differ from their defaults."""
+    from nestor.job.config import JobConfig, JobConfigError, load_job_config
+
+    try:
+        cfg = load_job_config(job_dir / "config.toml")
+    except JobConfigError:
+        return None
+    default = JobConfig()
+    return sum(1 for k in JobConfig.model_fields
+               if k not in KNOBS_IGNORED and getattr(cfg, k) != getattr(default, k))
+
+
+def summarize(rec: Any, run_dir: Path) -> EpisodeSummary:
+    """An EpisodeRecord condensed to what training and metrics need."""
+    ep_dir = run_dir / "episodes" / rec.id
+    attempts = sorted(ep_dir.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
+    job_dir = ep_dir / "job" if (ep_dir / "job").is_dir() else (attempts[-1] if attempts else None)
+    result = rec.result
+    info: dict[str, Any] = {
+        "episode_id": rec.id,
+        "attempts": rec.attempts,
+        "validated": any(getattr(r, "passed", False) for r in rec.reports),
+        "end_reason": rec.end_reason,
+        "malformed_calls": sum(1 for t in rec.turns if t.parse_error),
+        "knobs_changed": knobs_changed(job_dir) if job_dir is not None else None,
+        "cost_usd": float(result.cost_usd) if result is not None else 0.0,
+    }
+    if result is not None:
+        info.update(job_status=result.status, improvement=result.improvement,
+                    base_model=result.base_model, job_wall_s=result.wall_s)
+    components = {k: float(v) for k, v in rec.components.items()
+                  if isinstance(v, int | float) and not isinstance(v, bool)}
+    return EpisodeSummary(group_id=-1, slot=-1, task_id=rec.task_id, reward=float(rec.reward),
+                          policy_version=rec.policy_version, turns=list(rec.turns),
+                          components=components, info=info)
+
+
+def make_episode_fn(config: RunConfig, registry, pool, ledger, run_dir: Path):
+    """(policy, ticket) -> EpisodeSummary running one real episode on the ticket's task."""
+    from nestor.agent.episode import run_episode
+
+    episode_cfg = config.episode_config()
+    specs = {t: registry.get(t).spec(config.difficulty) for t in config.tasks}
+
+    def episode(policy, ticket) -> EpisodeSummary:
+        episode_id = f"g{ticket.group_id:05d}-s{ticket.slot:02d}-{uuid.uuid4().hex[:6]}"
+        rec = run_episode(policy, specs[ticket.task_id], pool, ledger, episode_cfg,
+                          episode_id=episode_id, group_id=f"{ticket.group_id}:{ticket.slot}")
+        return summarize(rec, run_dir)
+
+    return episode

@@ -1,0 +1,77 @@
+"""A training run end to end: run directory, policy, pool, ledger, the loop, and a summary."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nestor.outer.checkpoint import CheckpointError, latest_checkpoint
+from nestor.outer.config import RunConfig, RunConfigError, load_run_config, save_run_config
+from nestor.outer.loop import OuterLoop
+from nestor.outer.metrics import MeteredPool, read_jsonl
+
+
+def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
+    return root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def load_resumable(run_dir: Path) -> RunConfig:
+    if not (run_dir / "config.toml").is_file():
+        raise CheckpointError(f"{run_dir}: no config.toml; is this a run directory?")
+    try:
+        return load_run_config(run_dir / "config.toml")
+    except RunConfigError as exc:
+        raise CheckpointError(f"{run_dir}: {exc}") from None
+
+
+def summarize_run(run_dir: Path) -> dict[str, Any]:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rewards = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]
+    first, last = rewards[:2], rewards[-2:]
+    out: dict[str, Any] = {"run_dir": str(run_dir), "steps": len(rows)}
+    if rows:
+        out.update(
+            first2_reward=sum(first) / len(first) if first else None,
+            last2_reward=sum(last) / len(last) if last else None,
+            pool_utilisation=rows[-1].get("pool_utilisation_run"),
+            elapsed_s=rows[-1].get("elapsed_s"), cost_usd=rows[-1].get("cost_usd_total"),
+            validation_pass_rate_last=rows[-1].get("validation_pass_rate"))
+        if first and last:
+            out["reward_rose"] = out["last2_reward"] > out["first2_reward"]
+    return out
+
+
+def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=None,
+          progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train (or resume) a run in `run_dir`; returns summarize_run(run_dir)."""
+    from nestor.ledger import Ledger
+    from nestor.outer.episodes import make_episode_fn, make_policy
+    from nestor.pool.base import make_pool
+    from nestor.tasks import TaskRegistry
+
+    registry = registry or TaskRegistry()
+    config.check(registry)
+    if not resume:
+        if latest_checkpoint(run_dir) is not None or (run_dir / "metrics.jsonl").exists():
+            raise CheckpointError(f"{run_dir} already holds a run; continue it with "
+                                  f"`nestor train --resume {run_dir}` or pick another --run-dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_run_config(config, run_dir / "config.toml")
+    policy = make_policy(config)
+    ledger = Ledger(run_dir)
+    pool = MeteredPool(make_pool(config.pool_config()))
+    try:
+        def on_step(row: dict[str, Any], ckpt: Path) -> None:
+            ledger.add_policy_version(policy.name, row["policy_version"], path=str(ckpt),
+                                      metrics={k: v for k, v in row.items() if k != "train"})
+
+        loop = OuterLoop(config, policy, make_episode_fn(config, registry, pool, ledger, run_dir),
+                         run_dir, pool=pool, progress=progress, on_step=on_step)
+        if resume:
+            loop.resume()
+        loop.run()
+    finally:
+        pool.shutdown()
+    return summarize_run(run_dir)

@@ -1,0 +1,318 @@
+"""The composer: a learnable, factored categorical policy over job-writing decisions.
+
+Each decision (base model, every JobConfig knob over a grid that includes its default, how the
+dataset is built, how many rows, the rubric's form and answer extraction, the prompt framing)
+has its own logits: a shared vector plus, when `family_conditioned`, a per-family offset. One
+episode samples every decision once, renders the job's files and writes them through the
+workspace tools, then submits. After a failed validation it reads the report, resamples only
+the decisions the failing checks point at, rewrites the files and submits again.
+
+The composer is stateless between calls: its plan (the chosen indices and the data seed) is
+the text of its own previous turn, so concurrent episodes can share one composer.
+
+Each Turn carries `action_keys` ("decision@family"), `action_ids` (choice indices) and
+`sample_logprobs`; `train_step` applies the outer loss to them:
+    loss = −Σ_actions min(r·A, clip(r, 1−ε, 1+ε)·A) / n_episodes,   r = exp(logp_θ − logp_sample)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig
+from nestor.policy import composer_files as files
+from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
+from nestor.policy.programs import FRAMINGS, build_rows
+from nestor.tasks import TaskSpec
+
+CONFIG_KNOBS: dict[str, list[Any]] = {  # JobConfig knob -> grid (its default included)
+    "learning_rate": [1e-4, 3e-4, 1e-3, 3e-3],
+    "max_steps": ["default", "quarter_budget", "half_budget", "full_budget"],
+    "prompts_per_step": [8, 16, 32],
+    "group_size": [4, 8, 16],
+    "max_new_tokens": ["default", "half_spec", "spec", "double_spec"],
+    "temperature": [0.7, 1.0, 1.3],
+    "lora_rank": [0, 8, 32],
+    "lora_alpha": [16, 32, 64],
+    "clip_ratio": [0.0, 0.2, 0.4],
+    "kl_coef": [0.0, 0.02, 0.1],
+    "updates_per_step": [1, 2],
+    "scale_rewards": [False, True],
+    "skip_zero_variance": [True, False],
+    "weight_decay": [0.0, 0.01],
+    "grad_clip": [1.0, 0.0],
+}
+DATA_DECISIONS: dict[str, list[Any]] = {
+    "data_source": ["given", "augmented", "resampled"],
+    "n_rows": [8, 64, 256, 1024],
+    "input_range": ["observed", "widened"],
+    "framing": list(FRAMINGS),
+    "rubric": list(files.RUBRICS),
+    "extract": list(files.EXTRACTS),
+}
+# Which decisions a failing validation check points at (check names of nestor.job.validate).
+_RUBRIC = ("rubric", "extract")
+_BLAME: dict[str, tuple[str, ...]] = {
+    "budget": ("max_steps", "prompts_per_step", "group_size", "max_new_tokens"),
+    "config": ("base_model", *CONFIG_KNOBS),
+    "dataset": ("data_source", "n_rows", "input_range", "framing"),
+    "load": ("data_source", "n_rows"),
+    "context": ("framing", "max_new_tokens", "input_range"),
+    "rewards_valid": _RUBRIC, "deterministic": _RUBRIC, "reward_speed": _RUBRIC,
+    "reference_beats_empty": _RUBRIC, "reference_beats_corrupted": _RUBRIC,
+    "not_constant": _RUBRIC,
+    "dry_run": ("base_model", "max_new_tokens"),
+}
+_UNKNOWN = ("data_source", "n_rows", "framing", "rubric", "extract")  # files, imports, probe, ...
+_PLAN = "plan: "
+_FAIL = re.compile(r"^FAIL\s+(?P<name>[^:]+):(?P<msg>.*)$", re.M)
+
+
+class ComposerConfig(BaseModel):
+    base_models: list[str] = Field(["tiny-s", "tiny-m"], min_length=1,
+                                   description="Base models the composer chooses among.")
+    families: list[str] = Field(["strings", "arithmetic", "counting", "formatting"],
+                                description="Families with their own logit offsets.")
+    family_conditioned: bool = Field(True, description="Add a per-family offset to the "
+                                     "shared logits of every decision.")
+    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, gt=0, description="The job's sampled-token "
+                              "cap the budget-relative max_steps choices aim at.")
+    lr: float = Field(0.05, gt=0, le=10, description="Adam learning rate of the logits.")
+    clip_ratio: float = Field(0.2, ge=0, le=1, description="Ratio clip ε; 0 = unclipped.")
+    seed: int = Field(0, ge=0, description="Seed of the sampling generator.")
+
+
+def _resolve(key: str, value: Any, cfg: dict, spec: TaskSpec, budget: int) -> Any:
+    if key == "max_new_tokens":
+        n = spec.max_new_tokens
+        return {"default": JobConfig.model_fields["max_new_tokens"].default,
+                "half_spec": max(1, n // 2), "spec": n, "double_spec": 2 * n}[value]
+    if key == "max_steps":
+        if value == "default":
+            return JobConfig.model_fields["max_steps"].default
+        per_step = cfg["prompts_per_step"] * cfg["group_size"] * cfg["max_new_tokens"]
+        share = {"quarter_budget": 0.25, "half_budget": 0.5, "full_budget": 1.0}[value]
+        return max(1, int(budget * share) // per_step)
+    return value
+
+
+class Composer:
+    """See the module docstring. `act` is thread-safe."""
+
+    name = "composer"
+
+    def __init__(self, config: ComposerConfig | None = None):
+        self.config = config or ComposerConfig()
+        self.version = 0
+        self.decisions: dict[str, list[Any]] = {"base_model": list(self.config.base_models),
+                                                **CONFIG_KNOBS, **DATA_DECISIONS}
+        self.shared = torch.nn.ParameterDict(
+            {k: torch.nn.Parameter(torch.zeros(len(v))) for k, v in self.decisions.items()})
+        self.by_family = torch.nn.ParameterDict(
+            {f"{fam}__{k}": torch.nn.Parameter(torch.zeros(len(v)))
+             for fam in self.config.families for k, v in self.decisions.items()}
+            if self.config.family_conditioned else {})
+        self.optimizer = torch.optim.Adam(self.parameters(), lr=self.config.lr)
+        self._gen = torch.Generator().manual_seed(self.config.seed)
+        self._lock = threading.Lock()
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [*self.shared.values(), *self.by_family.values()]
+
+    # -- the distribution ---------------------------------------------------------------------
+    def _action_key(self, decision: str, family: str) -> str:
+        return f"{decision}@{family}" if f"{family}__{decision}" in self.by_family else decision
+
+    def logits(self, action_key: str) -> torch.Tensor:
+        decision, _, family = action_key.partition("@")
+        out = self.shared[decision]  # [n_choices]
+        if family:
+            out = out + self.by_family[f"{family}__{decision}"]
+        return out
+
+    def probabilities(self, family: str = "") -> dict[str, dict[str, float]]:
+        """Current choice probabilities per decision (for reports and tests)."""
+        with torch.no_grad():
+            return {d: {str(c): float(p) for c, p in zip(
+                choices, torch.softmax(self.logits(self._action_key(d, family)), -1),
+                strict=True)} for d, choices in self.decisions.items()}
+
+    def _sample(self, names: list[str], family: str) -> tuple[list[str], list[int], list[float]]:
+        keys, ids, logps = [], [], []
+        with torch.no_grad(), self._lock:
+            for name in names:
+                key = self._action_key(name, family)
+                logp = torch.log_softmax(self.logits(key), -1)
+                idx = int(torch.multinomial(logp.exp(), 1, generator=self._gen))
+                keys.append(key)
+                ids.append(idx)
+                logps.append(float(logp[idx]))
+        return keys, ids, logps
+
+    # -- acting -------------------------------------------------------------------------------
+    def act(self, obs: Observation) -> Turn:
+        spec = obs.spec
+        if spec is None:
+            return Turn(Message("assistant", "The composer needs the task spec in the "
+                                "observation; it cannot read prose."))
+        plan = _last_plan(obs.messages)
+        if plan is None:  # first turn: every decision, and a seed for the rows
+            names = list(self.decisions)
+            keys, ids, logps = self._sample(names, spec.family)
+            with self._lock:
+                data_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._gen))
+            choices = dict(zip(names, ids, strict=True))
+        else:
+            blamed = _blame(obs.messages, self.decisions)
+            if not blamed:  # nothing to fix (e.g. the last submit never ran): submit again
+                return Turn(Message("assistant", _PLAN + json.dumps(plan),
+                                    [ToolCall("submit", {}, "c0")]))
+            keys, ids, logps = self._sample(blamed, spec.family)
+            choices = {**plan["choices"], **dict(zip(blamed, ids, strict=True))}
+            data_seed = plan["data_seed"]
+        calls = self._write_calls(spec, choices, data_seed)
+        plan = {"choices": choices, "data_seed": data_seed,
+                "values": {k: self.decisions[k][i] for k, i in choices.items()}}
+        return Turn(Message("assistant", _PLAN + json.dumps(plan), calls),
+                    action_ids=ids, sample_logprobs=logps, action_keys=keys)
+
+    def job_config(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> JobConfig:
+        cfg: dict[str, Any] = {"base_model": self.decisions["base_model"][choices["base_model"]]}
+        for key in ("prompts_per_step", "group_size", "max_new_tokens", *CONFIG_KNOBS):
+            if key in cfg:
+                continue  # max_steps depends on the three knobs resolved first
+            cfg[key] = _resolve(key, CONFIG_KNOBS[key][choices[key]], cfg, spec,
+                                self.config.token_budget)
+        return JobConfig(**cfg, seed=seed)
+
+    def _write_calls(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> list[ToolCall]:
+        value = {k: self.decisions[k][i] for k, i in choices.items()}
+        cfg = self.job_config(spec, choices, seed)
+        rows, info = build_rows(spec.examples, title=spec.title, source=value["data_source"],
+                                n_rows=value["n_rows"], widen=value["input_range"] == "widened",
+                                framing=value["framing"], seed=seed)
+        note = (f"{len(rows)} rows, source {info['source']}"
+                + (f" via program `{info['program']}`" if info["program"] else "")
+                + (" (no program explains the examples: fell back to them as given)"
+                   if info["fallback"] else "") + f", framing {value['framing']}")
+        pkg = files.package_name(spec.id)
+        writes = {
+            "config.toml": files.config_toml(cfg, f"composer v{self.version} for {spec.id}"),
+            "data/train.jsonl": files.jsonl(rows),
+            "env/pyproject.toml": files.pyproject(spec.id),
+            f"env/{pkg}/__init__.py": files.env_source(title=spec.title, rubric=value["rubric"],
+                                                       extract=value["extract"], rows_note=note),
+        }
+        calls = [ToolCall("write_file", {"path": p, "content": c}, f"c{i}")
+                 for i, (p, c) in enumerate(writes.items())]
+        return [*calls, ToolCall("submit", {}, f"c{len(calls)}")]
+
+    # -- learning -----------------------------------------------------------------------------
+    def logprob_sum(self, turns: list[Turn]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp_θ, logp_sample) of every composer action in `turns`, each [n_actions]."""
+        now, then = [], []
+        for turn in turns:
+            for key, idx, old in zip(turn.action_keys, turn.action_ids, turn.sample_logprobs,
+                                     strict=True):
+                decision = key.partition("@")[0]
+                if decision not in self.decisions or idx >= len(self.decisions[decision]):
+                    continue  # a decision this composer no longer has: no gradient
+                if "@" in key and f"{key.partition('@')[2]}__{decision}" not in self.by_family:
+                    key = decision
+                now.append(torch.log_softmax(self.logits(key), -1)[idx])
+                then.append(old)
+        if not now:
+            return torch.zeros(0), torch.zeros(0)
+        return torch.stack(now), torch.tensor(then)
+
+    def train_step(self, batch: list[TrainItem]) -> dict[str, float]:
+        eps = self.config.clip_ratio
+        losses, ratios, clipped = [], [], 0
+        for item in batch:
+            logp_now, logp_sample = self.logprob_sum(item.turns)  # [n_actions] each
+            if logp_now.numel() == 0:
+                continue
+            ratio = torch.exp(logp_now - logp_sample)  # [n_actions]
+            adv = torch.tensor(float(item.advantage))
+            objective = ratio * adv
+            if eps > 0:
+                objective = torch.minimum(objective, ratio.clamp(1 - eps, 1 + eps) * adv)
+                clipped += int(((ratio - 1).abs() > eps).sum())
+            losses.append(-objective.sum())
+            ratios.append(ratio.detach())
+        if not losses:
+            return {"loss": 0.0, "n_episodes": 0.0}
+        loss = torch.stack(losses).sum() / len(batch)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.version += 1
+        all_ratios = torch.cat(ratios)
+        return {"loss": float(loss.detach()), "n_episodes": float(len(losses)),
+                "n_actions": float(all_ratios.numel()), "ratio_mean": float(all_ratios.mean()),
+                "clip_frac": clipped / all_ratios.numel(), "entropy": self._entropy()}
+
+    def _entropy(self) -> float:
+        with torch.no_grad():
+            ent = [-(torch.softmax(v, -1) * torch.log_softmax(v, -1)).sum() for v in
+                   self.shared.values()]
+            return float(torch.stack(ent).mean())
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"version": self.version, "config": self.config.model_dump(),
+                    "params": {k: v.detach() for k, v in
+                               [*self.shared.items(), *(("family:" + k, v) for k, v in
+                                                        self.by_family.items())]},
+                    "optimizer": self.optimizer.state_dict()}, path)
+
+    def load(self, path: Path) -> None:
+        state = torch.load(Path(path), weights_only=True)
+        with torch.no_grad():
+            for k, v in state["params"].items():
+                table, name = (self.by_family, k[7:]) if k.startswith("family:") else \
+                    (self.shared, k)
+                if name in table and table[name].shape == v.shape:
+                    table[name].copy_(v)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError:
+            pass  # a different decision set: fresh optimizer moments
+        self.version = int(state["version"])
+
+
+def _last_plan(messages: list[Message]) -> dict | None:
+    for msg in reversed(messages):
+        if msg.role == "assistant" and msg.content.startswith(_PLAN):
+            try:
+                return json.loads(msg.content[len(_PLAN):])
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def _blame(messages: list[Message], decisions: dict[str, list[Any]]) -> list[str]:
+    """Decisions to resample: those the failing checks of the last submit (and any failed
+    writes since the plan) point at, in decision order. Unknown failures blame the data and
+    rubric decisions, the composer's most likely culprits."""
+    tail: list[Message] = []
+    for msg in reversed(messages):
+        if msg.role == "assistant" and msg.content.startswith(_PLAN):
+            break
+        tail.append(msg)
+    texts = [m.content for m in tail if m.role == "tool"]
+    failing = [m["name"].strip() for t in texts for m in _FAIL.finditer(t)]
+    if any(t.startswith("error:") for t in texts):
+        failing.append("write")  # a file tool refused a write: the data is the usual suspect
+    blamed: set[str] = set()
+    for name in failing:
+        blamed.update(_BLAME.get(name, _UNKNOWN))
+    return [d for d in decisions if d in blamed]

@@ -1,0 +1,145 @@
+"""The composer's file writer: decisions in, the job's files out (as text for `write_file`).
+
+The rubric is code the composer generates from two decisions, its form and the rule that
+extracts the answer from the reply. Some combinations cannot work — `after_marker` looks for
+an `Answer:` the model is never taught to write, so every reply scores the same and the
+validation probe rejects the rubric as constant. That is a real consequence to learn from.
+"""
+
+from __future__ import annotations
+
+import json
+
+from nestor.job.config import JobConfig
+
+RUBRICS = ("exact", "normalised", "partial", "similarity")
+EXTRACTS = ("whole", "first_line", "last_word", "after_marker")
+
+_EXTRACT_SRC = {
+    "whole": "    return reply",
+    "first_line": "    lines = reply.strip().splitlines()\n    return lines[0] if lines else \"\"",
+    "last_word": "    words = reply.split()\n    return words[-1] if words else \"\"",
+    "after_marker": "    head, sep, tail = reply.rpartition(\"Answer:\")\n"
+                    "    return tail if sep else \"\"",
+}
+
+_RUBRIC_SRC = {
+    "exact": """    @vf.reward(weight=1.0)
+    async def exact(self, trace: vf.Trace) -> float:
+        return float(extract(trace.last_reply) == self.data.answer)
+""",
+    "normalised": """    @vf.reward(weight=1.0)
+    async def normalised(self, trace: vf.Trace) -> float:
+        return float(normalise(extract(trace.last_reply)) == normalise(self.data.answer))
+""",
+    "partial": """    @vf.reward(weight=0.5)
+    async def exact(self, trace: vf.Trace) -> float:
+        return float(normalise(extract(trace.last_reply)) == normalise(self.data.answer))
+
+    @vf.reward(weight=0.5)
+    async def positions(self, trace: vf.Trace) -> float:
+        reply, answer = normalise(extract(trace.last_reply)), normalise(self.data.answer)
+        if not reply and not answer:
+            return 1.0
+        same = sum(a == b for a, b in zip(reply, answer))
+        return same / max(len(reply), len(answer))
+""",
+    "similarity": """    @vf.reward(weight=1.0)
+    async def similarity(self, trace: vf.Trace) -> float:
+        reply, answer = normalise(extract(trace.last_reply)), normalise(self.data.answer)
+        if not reply:
+            return 0.0
+        return difflib.SequenceMatcher(None, reply, answer).ratio()
+""",
+}
+
+_ENV_TEMPLATE = '''"""{title}: a composed job ({rubric} rubric, `{extract}` answer extraction).
+
+Rows: {rows_note}.
+"""
+
+import difflib
+import json
+from pathlib import Path
+
+import verifiers.v1 as vf
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "train.jsonl"
+
+
+def normalise(text: str) -> str:
+    """The test's normalisation: surrounding whitespace and one trailing period go."""
+    text = text.strip()
+    return text[:-1].rstrip() if text.endswith(".") else text
+
+
+def extract(reply: str) -> str:
+{extract_src}
+
+
+class RowData(vf.TaskData):
+    answer: str
+
+
+class RowTask(vf.Task[RowData]):
+{rubric_src}
+
+class RowTaskset(vf.Taskset[RowTask, vf.TasksetConfig]):
+    def load(self):
+        with DATA.open(encoding="utf-8") as rows:
+            for line in rows:
+                row = json.loads(line)
+                yield RowTask(RowData(prompt=row["prompt"], answer=row["answer"]),
+                              self.config.task)
+
+
+__all__ = ["RowTaskset"]
+'''
+
+_PYPROJECT = '''[project]
+name = "{dist}"
+version = "0.1.0"
+description = "Composed job for task {task}."
+requires-python = ">=3.11"
+dependencies = ["verifiers"]
+
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[tool.hatch.build.targets.wheel]
+packages = ["{package}"]
+'''
+
+
+def package_name(task_id: str) -> str:
+    safe = "".join(c if c.isalnum() else "_" for c in task_id.lower())
+    return f"composed_{safe}"
+
+
+def env_source(*, title: str, rubric: str, extract: str, rows_note: str) -> str:
+    return _ENV_TEMPLATE.format(title=title, rubric=rubric, extract=extract,
+                                rows_note=rows_note, extract_src=_EXTRACT_SRC[extract],
+                                rubric_src=_RUBRIC_SRC[rubric])
+
+
+def pyproject(task_id: str) -> str:
+    pkg = package_name(task_id)
+    return _PYPROJECT.format(dist=pkg.replace("_", "-"), task=task_id, package=pkg)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+
+
+def config_toml(cfg: JobConfig, comment: str) -> str:
+    lines = [f"# {comment}"] + [f"{k} = {_toml_value(v)}" for k, v in cfg.model_dump().items()]
+    return "\n".join(lines) + "\n"
+
+
+def jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)

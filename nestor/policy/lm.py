@@ -1,0 +1,221 @@
+"""`lm`: any Hugging Face causal LM with a chat template as the job-writing agent.
+
+A LoRA adapter (peft) is the only trained part. `act` renders the conversation and tool schemas
+with the model's chat template, samples one assistant turn with its own KV-cache loop, records
+the sampled token ids and their log-probabilities (under the temperature-scaled distribution)
+and parses Qwen3-style tool calls. `train_step` re-scores exactly those tokens in their recorded
+context and applies the importance-sampling policy-gradient loss below.
+
+The loss (one place, shared with any policy that records per-action logprobs):
+
+    loss = -(1/N) Σ_episodes Σ_{policy tokens t} exp(logp_θ(t) - logp_sample(t)) · A_episode
+
+N is the number of episodes in the batch (a constant per step, so the learning rate does not
+depend on batch size). Prompts, user text and tool results are never actions, so they carry no
+loss. With `clip_ratio` c > 0 each term is the PPO pessimistic min of the plain and the clipped
+ratio (clipped to [1-c, 1+c]).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nestor.policy.base import Observation, TrainItem, Turn
+from nestor.policy.chat import parse_assistant, to_hf_messages
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def importance_sampling_loss(logp: torch.Tensor, logp_sample: torch.Tensor,
+                             advantages: torch.Tensor, mask: torch.Tensor,
+                             clip_ratio: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sum over masked actions of -ratio·A.
+
+    logp, logp_sample, mask: [N, T] (mask True on policy-produced actions); advantages: [N].
+    Returns the summed loss (caller normalises) and ratio statistics over the masked actions.
+    """
+    mask = mask.to(logp.dtype)
+    ratio = torch.exp(logp - logp_sample)  # [N, T]
+    adv = advantages.to(logp.dtype)[:, None]  # [N, 1]
+    objective = ratio * adv  # [N, T]
+    clipped_frac = 0.0
+    if clip_ratio > 0:
+        clipped = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio) * adv
+        objective = torch.minimum(objective, clipped)
+        was_clipped = (clipped < ratio * adv).to(logp.dtype)
+        clipped_frac = float((was_clipped * mask).sum() / mask.sum().clamp(min=1))
+    loss = -(objective * mask).sum()
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        stats = {"ratio_mean": float((ratio * mask).sum() / n),
+                 "ratio_max": float((ratio * mask).max()) if mask.any() else 1.0,
+                 "clipped_frac": clipped_frac}
+    return loss, stats
+
+
+def token_logprobs(model, context_ids: list[int], action_ids: list[int],
+                   temperature: float) -> torch.Tensor:
+    """log p(action_t | context, action_<t) under the temperature-scaled distribution: [T]."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([context_ids + action_ids[:-1]], device=device)  # [1, L+T-1]
+    logits = model(input_ids=ids).logits[0, len(context_ids) - 1:]  # [T, V]
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(1, torch.tensor(action_ids, device=device)[:, None])[:, 0]  # [T]
+
+
+class LMPolicy:
+    name = "lm"
+
+    def __init__(self, model, tokenizer, *, learning_rate: float = 1e-4, lora_rank: int = 8,
+                 lora_alpha: int = 16, temperature: float = 1.0, max_new_tokens: int = 256,
+                 max_context: int | None = None, clip_ratio: float = 0.0, grad_clip: float = 1.0,
+                 seed: int = 0):
+        from peft import LoraConfig, get_peft_model
+
+        if tokenizer.chat_template is None:
+            raise ValueError("the lm policy needs a tokenizer with a chat template")
+        targets = [t for t in LORA_TARGETS
+                   if any(n.endswith(t) for n, _ in model.named_modules())]
+        lora = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0,
+                          target_modules=targets or None)
+        self.model = get_peft_model(model, lora)
+        self.model.eval()  # no dropout anywhere: sampler and trainer see the same function
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
+        self.clip_ratio = clip_ratio
+        self.grad_clip = grad_clip
+        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
+        self.device = next(self.model.parameters()).device
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.version = 0
+        self.malformed_calls = 0
+        self.turns_sampled = 0
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, device: str = "cpu", **kwargs) -> LMPolicy:
+        """Load by registry name (nestor.models) or any local HF directory."""
+        try:
+            from nestor.models.registry import load_model
+        except ImportError:  # registry not installed: a plain HF directory
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        else:
+            model, tokenizer = load_model(name_or_path, device=device)
+        return cls(model.float().to(device), tokenizer, **kwargs)
+
+    # ---- acting -------------------------------------------------------------------------
+
+    def render(self, obs: Observation) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            to_hf_messages(obs.messages), tools=obs.tools or None,
+            add_generation_prompt=True, tokenize=False)
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        keep = self.max_context - self.max_new_tokens
+        return ids[-keep:] if len(ids) > keep else ids  # the most recent context wins
+
+    @torch.no_grad()
+    def sample(self, context_ids: list[int]) -> tuple[list[int], list[float]]:
+        """One turn: sampled ids (ending in eos unless cut) and their logprobs."""
+        ids = torch.tensor([context_ids], device=self.device)  # [1, L]
+        out = self.model(input_ids=ids, use_cache=True)
+        past, logits = out.past_key_values, out.logits[0, -1]  # [V]
+        actions: list[int] = []
+        logprobs: list[float] = []
+        for _ in range(self.max_new_tokens):
+            logp = F.log_softmax(logits.float() / self.temperature, dim=-1)  # [V]
+            token = int(torch.multinomial(logp.exp().cpu(), 1, generator=self.generator))
+            actions.append(token)
+            logprobs.append(float(logp[token]))
+            if token == self.eos_id:
+                break
+            out = self.model(input_ids=torch.tensor([[token]], device=self.device),
+                             past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[0, -1]
+        return actions, logprobs
+
+    def act(self, obs: Observation) -> Turn:
+        context = self.render(obs)
+        actions, logprobs = self.sample(context)
+        text = self.tokenizer.decode([t for t in actions if t != self.eos_id],
+                                     skip_special_tokens=False)
+        message, error = parse_assistant(text, call_prefix=f"call_{self.turns_sampled}")
+        self.turns_sampled += 1
+        if error is not None:
+            self.malformed_calls += 1
+        return Turn(message=message, action_ids=actions, sample_logprobs=logprobs,
+                    context_ids=context, parse_error=error)
+
+    # ---- training -----------------------------------------------------------------------
+
+    def train_step(self, batch: list[TrainItem]) -> dict[str, float]:
+        """One optimizer step on (episode, advantage) pairs; turns are scored one at a time
+        and gradients accumulated, so memory is bounded by the longest turn."""
+        self.optimizer.zero_grad(set_to_none=True)
+        n_items = max(1, len(batch))
+        total_loss, tokens, ratio_sum, ratio_max, clipped = 0.0, 0, 0.0, 0.0, 0.0
+        for item in batch:
+            for turn in item.turns:
+                if not turn.action_ids:
+                    continue
+                logp = token_logprobs(self.model, turn.context_ids, turn.action_ids,
+                                      self.temperature)[None]  # [1, T]
+                logp_sample = torch.tensor([turn.sample_logprobs], device=self.device)  # [1, T]
+                mask = torch.ones_like(logp, dtype=torch.bool)
+                loss, stats = importance_sampling_loss(
+                    logp, logp_sample, torch.tensor([item.advantage]), mask, self.clip_ratio)
+                (loss / n_items).backward()
+                t = len(turn.action_ids)
+                total_loss += float(loss.detach()) / n_items
+                tokens += t
+                ratio_sum += stats["ratio_mean"] * t
+                ratio_max = max(ratio_max, stats["ratio_max"])
+                clipped += stats["clipped_frac"] * t
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(
+            params, self.grad_clip if self.grad_clip > 0 else math.inf))
+        self.optimizer.step()
+        self.version += 1
+        return {"loss": total_loss, "tokens": float(tokens), "grad_norm": grad_norm,
+                "ratio_mean": ratio_sum / max(1, tokens), "ratio_max": ratio_max,
+                "clipped_frac": clipped / max(1, tokens),
+                "malformed_calls_total": float(self.malformed_calls)}
+
+    # ---- persistence --------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path / "adapter")  # adapter weights only (safetensors)
+        torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version,
+                    "generator": self.generator.get_state(),
+                    "malformed_calls": self.malformed_calls,
+                    "turns_sampled": self.turns_sampled}, path / "state.pt")
+
+    def load(self, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path / "adapter" / "adapter_model.safetensors"),
+                            device=str(self.device))
+        set_peft_model_state_dict(self.model, weights)
+        state = torch.load(path / "state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+        self.generator.set_state(state["generator"])
+        self.malformed_calls = state["malformed_calls"]
+        self.turns_sampled = state["turns_sampled"]
+
+    def info(self) -> dict[str, Any]:
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        return {"version": self.version, "trainable_params": trainable,
+                "malformed_calls": self.malformed_calls}

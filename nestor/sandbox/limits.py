@@ -1,0 +1,60 @@
+"""Resource limits, results and the error type of the sandbox runner."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SandboxError(RuntimeError):
+    """A sandboxed child misbehaved (timeout, crash, garbage output). The message is one
+    paragraph meant for a person or an agent: what happened, then the tail of the child's stderr."""
+
+
+class Limits(BaseModel):
+    """Resource limits applied to one sandboxed child (and everything it forks)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu_s: int = Field(30, ge=1, le=86_400, description="CPU seconds per process (RLIMIT_CPU).")
+    memory_mb: int = Field(
+        2048, ge=64, le=1_048_576,
+        description="Address space per process in MiB (RLIMIT_AS); also caps the private /tmp.")
+    nproc: int = Field(
+        64, ge=1, le=65_536,
+        description="Processes + threads the sandbox user may own (RLIMIT_NPROC).")
+    fsize_mb: int = Field(16, ge=0, le=65_536, description="Largest file the child may write, MiB.")
+    nofile: int = Field(256, ge=16, le=65_536, description="Open file descriptors (RLIMIT_NOFILE).")
+    wall_s: float = Field(
+        60.0, gt=0, le=86_400,
+        description="Wall-clock limit of run_sandboxed; default per-request timeout of "
+        "SandboxedProcess.")
+    output_bytes: int = Field(
+        1_000_000, ge=1024, le=1 << 30,
+        description="Bytes kept of stdout and of stderr each; beyond 16x this the child is killed.")
+    tmp_mb: int = Field(64, ge=1, le=65_536, description="Size of the private tmpfs at /tmp.")
+
+
+class SandboxResult(BaseModel):
+    """What a finished sandboxed command did. `reason` is None for a clean exit (code 0)."""
+
+    returncode: int = Field(description="Exit code; negative = killed by that signal number.")
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    elapsed_s: float
+    truncated: bool = Field(False, description="stdout or stderr was cut at output_bytes.")
+    reason: str | None = Field(
+        None, description="One line on why the command did not exit cleanly, for messages.")
+    backend: str = "bubblewrap"
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def stderr_tail(self, n_chars: int = 2000) -> str:
+        return tail_text(self.stderr, n_chars)
+
+
+def tail_text(text: str, n_chars: int = 2000) -> str:
+    text = text.strip()
+    return text if len(text) <= n_chars else "..." + text[-n_chars:]

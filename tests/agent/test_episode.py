@@ -1,0 +1,113 @@
+"""The episode tool loop: tools, submit and its report, caps, end reasons, the ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from nestor.agent.episode import EpisodeConfig, run_episode
+from nestor.ledger import Ledger
+from nestor.policy.base import Message, Observation, ToolCall, Turn
+from nestor.tasks import TaskRegistry
+
+SPEC = TaskRegistry().get("reverse").spec()
+
+
+class Scripted:
+    """A policy that plays a fixed script of turns and keeps what it observed."""
+
+    name = "scripted"
+    version = 7
+
+    def __init__(self, script: list[Callable[[Observation], Turn]], repeat_last: bool = False):
+        self.script, self.repeat_last, self.seen = script, repeat_last, []
+
+    def act(self, obs: Observation) -> Turn:
+        self.seen.append(obs)
+        i = len(self.seen) - 1
+        step = self.script[min(i, len(self.script) - 1)] if self.repeat_last or \
+            i < len(self.script) else (lambda o: Turn(Message("assistant", "done")))
+        return step(obs)
+
+    def train_step(self, batch):  # not exercised here
+        raise NotImplementedError
+
+    def save(self, path):
+        raise NotImplementedError
+
+    def load(self, path):
+        raise NotImplementedError
+
+
+def calls(*cs: tuple[str, dict]) -> Callable[[Observation], Turn]:
+    return lambda obs: Turn(Message("assistant", "", [ToolCall(n, a, f"c{i}")
+                                                      for i, (n, a) in enumerate(cs)]),
+                            action_ids=[1, 2], sample_logprobs=[-0.1, -0.2])
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with Ledger(tmp_path / "run") as led:
+        yield led
+
+
+def test_file_tools_act_on_the_episode_workspace(ledger):
+    pol = Scripted([calls(("write_file", {"path": "notes/a.txt", "content": "hello"}),
+                          ("read_file", {"path": "notes/a.txt"}),
+                          ("read_file", {"path": "../../escape"}),
+                          ("frobnicate", {}))])
+    rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig())
+    tool_texts = [m.content for m in rec.messages if m.role == "tool"]
+    assert tool_texts[1] == "hello"
+    assert tool_texts[2].startswith("error:") and tool_texts[3].startswith("error:")
+    assert (ledger.run_dir / "episodes" / rec.id / "workspace" / "notes" / "a.txt").read_text() \
+        == "hello"
+    assert rec.end_reason == "no_submit" and rec.reward == 0.0
+    # the policy saw the system prompt with the spec, then its own tool results
+    first = pol.seen[0]
+    assert first.spec == SPEC and SPEC.instructions in first.messages[0].content
+    assert [m.role for m in pol.seen[1].messages][-4:] == ["tool"] * 4
+
+
+def test_failed_submits_report_back_and_are_capped(ledger):
+    pol = Scripted([calls(("submit", {}))], repeat_last=True)
+    rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_attempts=3))
+    assert rec.end_reason == "invalid" and rec.attempts == 3 and rec.result is None
+    assert rec.components["validation_efficiency"] == 0.0 and rec.reward == 0.0
+    # after each failed submit the policy kept working and saw the report naming the checks
+    report = pol.seen[1].messages[-1]
+    assert report.role == "tool" and report.content.startswith("validation failed (attempt 1 of 3)")
+    assert "FAIL files:" in report.content
+    assert "No attempts left." in rec.messages[-1].content
+    ep = ledger.episode(rec.id)
+    assert ep["status"] == "done" and ep["attempts"] == 3
+    assert [r["passed"] for r in ep["reports"]] == [False] * 3
+    assert len(ep["turns"]) == len(rec.messages)  # every message is in the ledger
+    assert ep["turns"][2]["action_ids"] == [1, 2]  # with the policy's action data
+    for n in (1, 2, 3):
+        assert (ledger.run_dir / "episodes" / rec.id / f"attempt-{n}").is_dir()
+    assert (ledger.run_dir / "episodes" / rec.id / "transcript.json").is_file()
+
+
+@pytest.mark.parametrize("cfg,script,repeat,reason", [
+    (EpisodeConfig(max_turns=4), [calls(("list_files", {}))], True, "turn_limit"),
+    (EpisodeConfig(max_tokens=100), [lambda o: Turn(Message("assistant", "x" * 800, [
+        ToolCall("list_files", {}, "c0")]))], True, "token_limit"),
+    (EpisodeConfig(), [lambda o: Turn(Message("assistant", "I am done."))], False, "no_submit"),
+    (EpisodeConfig(), [lambda o: 1 / 0], False, "policy_error"),
+])
+def test_end_reasons(ledger, cfg, script, repeat, reason):
+    rec = run_episode(Scripted(script, repeat), SPEC, None, ledger, cfg)
+    assert rec.end_reason == reason
+    assert ledger.episode(rec.id)["end_reason"] == reason
+    if reason == "policy_error":
+        assert "ZeroDivisionError" in rec.components["error"]
+
+
+def test_parse_errors_are_reported_back_and_the_episode_goes_on(ledger):
+    bad = lambda o: Turn(Message("assistant", "<tool_call>{oops"), parse_error="not JSON")  # noqa: E731
+    pol = Scripted([bad, calls(("list_files", {}))])
+    rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig())
+    assert "malformed tool call: not JSON" in pol.seen[1].messages[-1].content
+    assert rec.end_reason == "no_submit" and len(pol.seen) == 3

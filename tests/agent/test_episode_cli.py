@@ -1,0 +1,83 @@
+"""`nestor episode run|list|show`, and a run killed with SIGKILL mid-episode."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+from typer.testing import CliRunner
+
+from nestor.cli import app
+
+runner = CliRunner()
+
+
+def test_unknown_task_is_a_one_line_error(tmp_path):
+    res = runner.invoke(app, ["episode", "run", "--task", "revrese", "--run-dir", str(tmp_path)])
+    assert res.exit_code == 2
+    assert "unknown task 'revrese'" in res.output and "reverse" in res.output
+    assert "Traceback" not in res.output
+    res = runner.invoke(app, ["episode", "list", "--run-dir", str(tmp_path / "none")])
+    assert res.exit_code == 2 and "no ledger" in res.output
+
+
+def test_composer_episode_without_training_prints_json(tmp_path):
+    res = runner.invoke(app, ["episode", "run", "--task", "add", "--run-dir", str(tmp_path),
+                              "--no-train", "--attempts", "1", "--budget", "20000", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert {"reward", "components", "attempts", "result", "end_reason"} <= out.keys()
+    assert out["attempts"] == 1 and out["result"] is None
+    assert out["end_reason"] in ("not_trained", "invalid")
+    passed = out["end_reason"] == "not_trained"
+    assert out["components"]["validation_efficiency"] == (1.0 if passed else 0.0)
+    ep_dir = tmp_path / "episodes" / out["episode_id"]
+    assert (ep_dir / "attempt-1" / "config.toml").is_file()
+    assert (ep_dir / "job").is_dir() == passed
+    listed = runner.invoke(app, ["episode", "list", "--run-dir", str(tmp_path), "--json"])
+    assert json.loads(listed.stdout)[0]["id"] == out["episode_id"]
+    shown = runner.invoke(app, ["episode", "show", out["episode_id"], "--run-dir",
+                                str(tmp_path), "--json"])
+    ep = json.loads(shown.stdout)
+    assert [t["role"] for t in ep["turns"]][:4] == ["system", "user", "assistant", "tool"]
+    assert ep["turns"][2]["action_keys"][0] == "base_model@arithmetic"
+
+
+def test_sigkill_mid_episode_leaves_a_readable_ledger(tmp_path):
+    cmd = [sys.executable, "-c", "from nestor.cli import app; app()", "episode", "run",
+           "--task", "reverse", "--run-dir", str(tmp_path), "--no-train", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    db = tmp_path / "ledger.sqlite"
+    try:
+        deadline = time.time() + 120
+        attempts = 0
+        while time.time() < deadline and proc.poll() is None:
+            if db.is_file():
+                con = sqlite3.connect(db, timeout=5)
+                try:
+                    attempts = con.execute("SELECT count(*) FROM attempts").fetchone()[0]
+                except sqlite3.OperationalError:
+                    attempts = 0  # tables not created yet
+                con.close()
+                if attempts:
+                    break  # the first submit is being validated right now
+            time.sleep(0.05)
+        assert attempts, "the episode never reached its first submit"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run and everything it started
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    listed = runner.invoke(app, ["episode", "list", "--run-dir", str(tmp_path), "--json"])
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)
+    assert row["status"] == "running" and row["end_reason"] is None
+    shown = runner.invoke(app, ["episode", "show", row["id"], "--run-dir", str(tmp_path),
+                                "--json"])
+    assert shown.exit_code == 0, shown.output
+    ep = json.loads(shown.stdout)
+    assert [t["role"] for t in ep["turns"]][:3] == ["system", "user", "assistant"]
+    assert ep["attempts"] == 1

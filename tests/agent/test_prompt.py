@@ -1,0 +1,39 @@
+"""The system prompt: role, job format, spec, models, the JobConfig surface; never hidden evals."""
+
+import subprocess
+import sys
+
+from nestor.agent.prompt import JOB_FORMAT_DOC, config_surface, system_prompt
+from nestor.job.config import JobConfig
+from nestor.tasks import TaskRegistry
+
+
+def test_system_prompt_has_every_part():
+    spec = TaskRegistry().get("count").spec()
+    text = system_prompt(spec, models=["tiny-s", "tiny-m"], token_budget=12_345, max_attempts=2)
+    assert spec.instructions in text
+    for e in spec.examples:
+        assert e.prompt in text
+    for name, field in JobConfig.model_fields.items():
+        assert f"`{name}` | `{field.default!r}`" in text
+    assert "`tiny-s`" in text and "`tiny-m`" in text
+    assert "12,345 sampled tokens" in text and "2 submit attempts" in text
+    if JOB_FORMAT_DOC.is_file():
+        assert JOB_FORMAT_DOC.read_text()[:200] in text
+
+
+def test_config_surface_shows_ranges():
+    table = config_surface()
+    assert "| `learning_rate` | `0.0003` | > 0, ≤ 0.01 |" in table
+
+
+def test_rendering_an_episode_prompt_never_imports_the_hidden_eval():
+    code = ("import sys\n"
+            "from nestor.tasks import TaskRegistry\n"
+            "from nestor.agent.prompt import system_prompt\n"
+            "import nestor.agent.episode, nestor.policy.composer\n"
+            "for ref in TaskRegistry().tasks(include_heldout=True):\n"
+            "    system_prompt(ref.spec(), models=['tiny-m'], token_budget=1, max_attempts=1)\n"
+            "print('nestor.tasks.hidden' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,208 @@
+"""The prime-rl backend against tests/fixtures/fake_prime_rl, a stand-in for `rl` and for
+`pip install -e` into its environment (prime-rl needs GPUs and is not installed here).
+
+The fake reads rl.toml as prime-rl does, imports the taskset it names from what was installed,
+logs step lines in prime-rl's format and writes HF safetensors weights with a STABLE marker.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from nestor.inner.prime_rl import (
+    PrimeRLConfig,
+    StepLog,
+    latest_weights,
+    materialise_checkpoint,
+    render_config,
+    run_prime_rl,
+)
+from nestor.inner.types import JobRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = ROOT / "tests" / "fixtures" / "fake_prime_rl"
+GOOD = ROOT / "examples" / "jobs" / "good-reverse"
+
+
+@pytest.fixture
+def job(tmp_path) -> Path:
+    """good-reverse on the small bundled model, copied so the test may edit it."""
+    dst = tmp_path / "job"
+    shutil.copytree(GOOD, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    cfg = (dst / "config.toml").read_text()
+    cfg = "\n".join(line for line in cfg.splitlines()
+                    if not line.startswith(("base_model", "max_steps")))
+    (dst / "config.toml").write_text(f'base_model = "tiny-s"\nmax_steps = 5\n{cfg}\n')
+    return dst
+
+
+def fake_config(tmp_path, mode: str = "ok", **kw) -> PrimeRLConfig:
+    return PrimeRLConfig(
+        command=[sys.executable, str(FAKE)],
+        install_command=[sys.executable, str(FAKE), "pip", "install", "-e", "{env_dir}"],
+        env={"FAKE_PRIME_RL_HOME": str(tmp_path / "prime-env"), "FAKE_PRIME_RL_MODE": mode},
+        eval_n=20, **kw)
+
+
+def request(job: Path, tmp_path, **kw) -> JobRequest:
+    return JobRequest(job_dir=job, task_id="reverse", out_dir=tmp_path / "out", **kw)
+
+
+def test_exported_config_round_trips_with_the_right_keys(job, tmp_path):
+    rl = render_config(job, tmp_path / "outputs", model_path="/models/tiny-s")
+    back = tomllib.loads(tomli_w.dumps(rl))
+    assert back == rl
+    assert back["max_steps"] == 5
+    assert back["model"]["name"] == "/models/tiny-s"
+    assert back["output_dir"] == str(tmp_path / "outputs") and back["run"]["name"] == "nestor"
+    assert back["weight_broadcast"] == {"type": "filesystem"}  # weights land on disk
+    orch = back["orchestrator"]
+    assert orch["group_size"] == 8
+    assert orch["train"]["sampling"]["temperature"] == 1.0
+    assert orch["train"]["sampling"]["max_completion_tokens"] == 12
+    source = orch["train"]["source"][0]
+    assert source["env"]["taskset"]["id"].replace("-", "_") == "reverse_job"
+    assert back["trainer"]["optim"]["lr"] == pytest.approx(3e-4)
+
+
+def test_step_log_parses_prime_rl_lines():
+    log = StepLog()
+    assert not log.feed("\x1b[32m12:00:01    SUCCESS Starting RL run\x1b[0m")
+    assert log.feed("12:00:02 SUCCESS Step 1 |   2.10s | Loss 0.0123 | Entropy 1.2000 | "
+                    "Throughput 1234 tokens/s | MFU 1.0%")
+    assert not log.feed("12:00:02 SUCCESS Step 1 |   2.00s | Reward 0.2500 | Trainable 64/64")
+    assert log.feed("Step 2 | 1.9s | Reward 0.5000 | Error 0.0%")
+    assert log.step == 2 and log.rewards() == [0.25, 0.5]
+    assert log.metrics()[0] == {"step": 1, "loss": 0.0123, "entropy": 1.2, "throughput": 1234.0,
+                                "reward": 0.25}
+
+
+@pytest.mark.slow
+def test_launch_follow_merge_and_score(job, tmp_path):
+    """One full run: install, launch, follow the steps, merge the LoRA adapter prime-rl wrote
+    onto the base, and score the merged weights with the trusted scorer."""
+    from safetensors.torch import load_file
+
+    from nestor.inner.prime_rl import trusted_score
+    from nestor.models.registry import resolve_model_dir
+
+    with (job / "config.toml").open("a") as fh:
+        fh.write("lora_rank = 4\nlora_alpha = 8\n")
+    scored, steps = [], []
+
+    def score(model, task_id, difficulty, n):
+        scored.append(model)
+        return trusted_score(model, task_id, difficulty, n)
+
+    res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path), score=score,
+                       on_step=lambda s, row: steps.append(s))
+    assert res.status == "ok", res.log_tail
+    assert res.steps == 5 and steps == [1, 2, 3, 4, 5]
+    assert res.reward_curve == pytest.approx([0.2, 0.3, 0.4, 0.5, 0.6])
+    assert res.metrics[-1]["loss"] == pytest.approx(0.02)
+    installed = (tmp_path / "prime-env" / "installed.txt").read_text().split()
+    assert installed == [str(job / "env")]
+    assert (tmp_path / "out" / "rl.log").read_text().count("SUCCESS Step") == 10
+
+    # The adapter is merged exactly: W' = W + (alpha / r) * B @ A on the targeted projections.
+    ckpt = Path(res.checkpoint)
+    adapter_dir = latest_weights(tmp_path / "out" / "outputs")
+    assert adapter_dir.name == "step_5" and (adapter_dir / "adapter_config.json").is_file()
+    adapter = load_file(adapter_dir / "adapter_model.safetensors")
+    merged = load_file(ckpt / "model.safetensors")
+    base = load_file(resolve_model_dir("tiny-s") / "model.safetensors")
+    assert set(merged) == set(base)  # a plain model again: no lora_A/lora_B keys
+    q = "model.layers.0.self_attn.q_proj.weight"
+    a = next(v for k, v in adapter.items() if "layers.0.self_attn.q_proj.lora_A" in k)
+    b = next(v for k, v in adapter.items() if "layers.0.self_attn.q_proj.lora_B" in k)
+    assert merged[q] == pytest.approx(base[q] + 2.0 * b @ a, abs=1e-5)
+    up = "model.layers.0.mlp.up_proj.weight"
+    assert merged[up].equal(base[up])
+
+    # Scored in this process, on the merged checkpoint (with the base tokenizer added).
+    assert scored == [str(ckpt)] and (ckpt / "tokenizer.json").is_file()
+    assert 0.0 <= res.pre_score <= 1.0 and 0.0 <= res.post_score <= 1.0
+    assert res.improvement == pytest.approx(res.post_score - res.pre_score)
+
+
+def test_full_weights_become_a_self_contained_checkpoint(tmp_path):
+    from nestor.models.registry import resolve_model_dir
+
+    base = resolve_model_dir("tiny-s")
+    step = tmp_path / "outputs" / "nestor" / "broadcasts" / "step_7"
+    step.mkdir(parents=True)
+    shutil.copy(base / "config.json", step)
+    shutil.copy(base / "model.safetensors", step)
+    (step / "STABLE").touch()
+    older = tmp_path / "outputs" / "nestor" / "checkpoints" / "step_3" / "weight"
+    older.mkdir(parents=True)
+    shutil.copy(base / "model.safetensors", older)
+    torn = tmp_path / "outputs" / "nestor" / "broadcasts" / "step_9"  # no STABLE: being written
+    torn.mkdir()
+    shutil.copy(base / "model.safetensors", torn)
+    assert latest_weights(tmp_path / "outputs") == step
+    ckpt = materialise_checkpoint(step, base, tmp_path / "ckpt")
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(
+        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+         "chat_template.jinja"])
+    assert (ckpt / "model.safetensors").read_bytes() == (base / "model.safetensors").read_bytes()
+    assert latest_weights(tmp_path / "nothing") is None
+
+
+def test_no_progress_ends_with_timeout(job, tmp_path):
+    t0 = time.monotonic()
+    res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path, "stall",
+                                                           stall_timeout_s=1.5))
+    assert res.status == "timeout" and res.steps == 2
+    assert "no progress for 1.5s" in res.log_tail and "Step 2" in res.log_tail
+    assert time.monotonic() - t0 < 30
+
+
+def test_silent_start_ends_with_timeout(job, tmp_path):
+    cfg = fake_config(tmp_path, startup_timeout_s=1.0)
+    cfg.command = [sys.executable, "-c", "import time; print('loading', flush=True); "
+                   "time.sleep(60)", "--"]
+    res = run_prime_rl(request(job, tmp_path), cfg)
+    assert res.status == "timeout" and res.steps == 0 and "loading" in res.log_tail
+
+
+def test_overall_budget_ends_with_timeout(job, tmp_path):
+    res = run_prime_rl(request(job, tmp_path, timeout_s=1.0),
+                       fake_config(tmp_path, "stall", stall_timeout_s=60))
+    assert res.status == "timeout" and "1s budget" in res.log_tail
+
+
+def test_crash_is_failed_with_the_log_tail(job, tmp_path):
+    res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path, "crash"))
+    assert res.status == "failed" and res.steps == 2
+    assert "CUDA error" in res.log_tail and "exited with code 1" in res.log_tail
+
+
+def test_exit_without_weights_is_failed(job, tmp_path):
+    res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path, "noweights"))
+    assert res.status == "failed" and "wrote no safetensors" in res.log_tail
+
+
+def test_installer_failure_and_missing_launcher(job, tmp_path):
+    cfg = fake_config(tmp_path)
+    cfg.install_command = [sys.executable, str(FAKE), "pip", "install", "-e", "{env_dir}/nope"]
+    res = run_prime_rl(request(job, tmp_path), cfg)
+    assert res.status == "failed" and "installing the taskset package failed" in res.log_tail
+    assert "no pyproject.toml" in res.log_tail
+    cfg = fake_config(tmp_path)
+    cfg.command = ["/nonexistent/rl"]
+    res = run_prime_rl(request(job, tmp_path), cfg)
+    assert res.status == "failed" and "launcher not found" in res.log_tail
+
+
+def test_bad_job_config_is_invalid(job, tmp_path):
+    (job / "config.toml").write_text("learning_rate = 'fast'\n")
+    res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path))
+    assert res.status == "invalid" and "learning_rate" in res.log_tail

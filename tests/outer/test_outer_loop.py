@@ -1,0 +1,135 @@
+"""The async scheduler: groups, staleness, stragglers, zero-variance groups, learning, resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bandit import GOOD_ARM, BanditPolicy, make_episode_fn
+
+from nestor.outer.config import RunConfig
+from nestor.outer.groups import EpisodeSummary, Group, build_batch, group_advantages
+from nestor.outer.loop import OuterLoop, task_for_group
+from nestor.outer.metrics import read_jsonl
+
+
+def cfg(**kw) -> RunConfig:
+    base = dict(tasks=["t1", "t2", "t3"], group_size=2, groups_per_step=1, max_in_flight=6,
+                steps=4, seed=1)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_advantages_and_zero_variance():
+    assert group_advantages([1.0, 0.0, 0.5, 0.5]) == [0.5, -0.5, 0.0, 0.0]
+    assert group_advantages([0.3, 0.3, 0.3]) is None
+    g = Group(0, "t", 2, {0: EpisodeSummary(0, 0, "t", 1.0, 0), 1: EpisodeSummary(0, 1, "t", 1.0, 3)})
+    items, stats = build_batch([g], 5, max_steps_off_policy=2, stale_groups="reweight")
+    assert items == [] and stats.zero_variance == 1 and stats.stale_kept == 1
+    assert stats.staleness == [5]
+
+
+def test_task_order_is_balanced_and_pure():
+    tasks = ["a", "b", "c"]
+    first_round = [task_for_group(tasks, 7, g) for g in range(3)]
+    assert sorted(first_round) == tasks
+    assert [task_for_group(tasks, 7, g) for g in range(6)] == \
+           [task_for_group(tasks, 7, g) for g in range(6)]
+
+
+def test_straggler_does_not_stall_training(tmp_path):
+    calls = []
+    # Group 0's first episode is 10x slower than every other one.
+    fn = make_episode_fn(delay=0.05, slow={(0, 0): 10.0}, calls=calls,
+                         reward_fn=lambda arm, t: float(t.slot))  # never zero-variance
+    loop = OuterLoop(cfg(steps=8), BanditPolicy(), fn, tmp_path)
+    rows = loop.run()
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    # Other groups were trained on while group 0 waited for its straggler ...
+    step_of_group0 = next(r["step"] for r in rows if 0 in r["group_ids"])
+    assert step_of_group0 >= 4
+    # ... and group 0 was then trained on with its recorded (stale) sampling logprobs.
+    assert rows[step_of_group0 - 1]["staleness_max"] >= 3
+    assert rows[step_of_group0 - 1]["groups_used"] == 1
+    # The loop kept launching while the straggler ran: more episodes started than in-flight cap.
+    straggler_start = next(t for tk, _, t in calls if (tk.group_id, tk.slot) == (0, 0))
+    started_during = [c for c in calls if straggler_start < c[2] < straggler_start + 0.45]
+    assert len(started_during) >= 6
+    # Episodes were started under several policy versions.
+    assert len({v for _, v, _ in calls}) >= 3
+
+
+def test_stale_groups_dropped_or_kept_are_counted(tmp_path):
+    fn = make_episode_fn(delay=0.03, slow={(0, 0): 12.0},
+                         reward_fn=lambda arm, t: float(t.slot))
+    rows = OuterLoop(cfg(steps=5, max_steps_off_policy=0, stale_groups="drop"), BanditPolicy(),
+                     fn, tmp_path / "drop").run()
+    assert sum(r["stale_groups_dropped"] for r in rows) >= 1
+    assert sum(r["groups_used"] for r in rows) == 5 - sum(r["stale_groups_dropped"] for r in rows)
+    rows = OuterLoop(cfg(steps=5, max_steps_off_policy=0, stale_groups="reweight"),
+                     BanditPolicy(), fn, tmp_path / "keep").run()
+    assert sum(r["stale_groups_kept"] for r in rows) >= 1
+    assert sum(r["groups_used"] for r in rows) == 5
+
+
+def test_zero_variance_groups_contribute_nothing(tmp_path):
+    policy = BanditPolicy()
+    rows = OuterLoop(cfg(steps=3), policy, make_episode_fn(delay=0.0, reward_fn=lambda a, t: 0.5),
+                     tmp_path).run()
+    assert all(r["zero_variance_groups"] == 1 and r["groups_used"] == 0 for r in rows)
+    assert policy.version == 0  # nothing to train on: the policy did not move
+
+
+def test_loop_learns_the_good_arm(tmp_path):
+    config = cfg(steps=25, group_size=8, groups_per_step=2, max_in_flight=16)
+    policy = BanditPolicy(lr=1.0)
+    rows = OuterLoop(config, policy, make_episode_fn(delay=0.0), tmp_path).run()
+    first = sum(r["reward_mean"] for r in rows[:3]) / 3
+    last = sum(r["reward_mean"] for r in rows[-3:]) / 3
+    assert last > first + 0.3
+    assert int(policy.logits.argmax()) == GOOD_ARM
+    row = rows[-1]
+    assert row["validation_pass_rate"] == 1.0 and row["job_failure_rate"] == 0.0
+    assert 0.0 <= row["hyperparameter_surface_use"] <= 1.0 and row["cost_usd"] > 0
+
+
+def test_kill_and_resume_loses_and_recounts_nothing(tmp_path):
+    script = Path(__file__).with_name("bandit.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), "8"], env=env)
+    journal = tmp_path / "outer" / "episodes.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # kill -9 once 3 steps are checkpointed
+        if len(read_jsonl(tmp_path / "metrics.jsonl")) >= 3 and proc.poll() is None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = read_jsonl(journal)
+    assert before, "episodes were journaled before the kill"
+
+    policy = BanditPolicy()
+    loop = OuterLoop(cfg(tasks=["a", "b"], group_size=2, groups_per_step=1, max_in_flight=4,
+                         steps=8, seed=3), policy, make_episode_fn(delay=0.01), tmp_path)
+    assert loop.resume()
+    resumed_at = loop.step
+    ckpt = json.loads((tmp_path / "checkpoints" / f"step-{resumed_at:06d}" / "state.json")
+                      .read_text())
+    unconsumed = [e for e in before if e["group_id"] not in set(ckpt["consumed"])]
+    assert loop.counters["episodes_reused"] == len(unconsumed)
+    assert resumed_at >= 2 and policy.version == ckpt["version"]  # metrics may lead ckpt
+    loop.run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    after = read_jsonl(journal)
+    keys = [(e["group_id"], e["slot"]) for e in after]
+    assert len(keys) == len(set(keys)), "an episode was run or recorded twice"
+    assert after[: len(before)] == before  # nothing finished before the kill was lost
+    state = json.loads((tmp_path / "checkpoints" / "step-000008" / "state.json").read_text())
+    assert len(state["consumed"]) == 8
+    # Every episode of a consumed group was trained once: groups are complete and distinct.
+    finished_groups = {g for g, _ in keys}
+    assert set(state["consumed"]) <= finished_groups

@@ -1,0 +1,137 @@
+"""The LM policy on a tiny Qwen3 chat model: sampling with tools, parsing, the IS loss, LoRA."""
+
+import pytest
+import torch
+
+from nestor.policy.base import Message, Observation, TrainItem
+from nestor.policy.chat import parse_assistant
+from nestor.policy.lm import LMPolicy, importance_sampling_loss, token_logprobs
+
+TOOLS = [{"type": "function", "function": {
+    "name": "write_file", "description": "write a file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+def tiny_agent(seed: int = 0, **kwargs) -> LMPolicy:
+    """tiny-m when its weights are bundled, else a random tiny Qwen3 with the same tokenizer."""
+    torch.manual_seed(seed)
+    try:
+        from nestor.models.registry import load_model
+
+        model, tok = load_model("tiny-m")
+    except Exception:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        from nestor.models.tokenizer import build_char_tokenizer
+
+        tok = build_char_tokenizer()
+        cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True,
+                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        model = Qwen3ForCausalLM(cfg)
+    kwargs.setdefault("max_new_tokens", 24)
+    return LMPolicy(model.float(), tok, seed=seed, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def agent():
+    torch.set_num_threads(1)
+    return tiny_agent(learning_rate=1e-2)
+
+
+def obs(*extra: Message) -> Observation:
+    return Observation(messages=[Message("system", "You write jobs."),
+                                 Message("user", "Teach reversal."), *extra], tools=TOOLS)
+
+
+def test_parse_tool_calls_and_malformed():
+    msg, err = parse_assistant('ok <tool_call>{"name": "write_file", "arguments": '
+                               '{"path": "a"}}</tool_call>')
+    assert err is None and msg.content == "ok"
+    assert msg.tool_calls[0].name == "write_file" and msg.tool_calls[0].arguments == {"path": "a"}
+    msg, err = parse_assistant('<tool_call>{"name": "write_file", "arguments": {"pa</tool_call>')
+    assert msg.tool_calls == [] and "not valid JSON" in err and "<tool_call>" in err
+    _, err = parse_assistant('<tool_call>{"arguments": {}}</tool_call>')
+    assert 'missing "name"' in err
+    _, err = parse_assistant('<tool_call>{"name": "x", "arguments": {}}')
+    assert "unbalanced" in err
+
+
+def test_act_records_tokens_and_counts_malformed(agent):
+    turn = agent.act(obs())
+    assert len(turn.action_ids) == len(turn.sample_logprobs) >= 1
+    assert all(lp <= 0 for lp in turn.sample_logprobs)
+    # The rendered context ends with the generation prompt; the tools are rendered in it.
+    text = agent.tokenizer.decode(turn.context_ids, skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n") and "write_file" in text
+    before = agent.malformed_calls
+    agent.sample = lambda ctx: (agent.tokenizer("<tool_call>{oops</tool_call>",
+                                                add_special_tokens=False).input_ids, [0.0])
+    try:
+        bad = agent.act(obs())
+    finally:
+        del agent.sample
+    assert bad.parse_error and agent.malformed_calls == before + 1
+
+
+def test_masks_only_policy_tokens_carry_loss(agent):
+    # A second turn: its context holds the first reply and a tool result; only the new
+    # reply's tokens are actions, so the tool result's text is never scored.
+    first = agent.act(obs())
+    second = agent.act(obs(first.message, Message("tool", "error: SECRET-TOOL-OUTPUT")))
+    ctx_text = agent.tokenizer.decode(second.context_ids, skip_special_tokens=False)
+    act_text = agent.tokenizer.decode(second.action_ids, skip_special_tokens=False)
+    assert "SECRET-TOOL-OUTPUT" in ctx_text and "SECRET-TOOL-OUTPUT" not in act_text
+    # The loss ignores masked positions entirely: value and gradient.
+    logp = torch.randn(2, 5, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    loss, _ = importance_sampling_loss(logp, torch.zeros(2, 5), torch.tensor([1.0, -0.5]), mask)
+    loss.backward()
+    assert torch.all(logp.grad[0, 2:] == 0) and torch.all(logp.grad[0, :2] != 0)
+
+
+def test_ratio_is_one_on_policy(agent):
+    turn = agent.act(obs())
+    with torch.no_grad():
+        logp = token_logprobs(agent.model, turn.context_ids, turn.action_ids, agent.temperature)
+    diff = (logp - torch.tensor(turn.sample_logprobs)).abs().max()
+    assert float(diff) < 1e-4
+    ratio = torch.exp(logp - torch.tensor(turn.sample_logprobs))
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4)
+
+
+def test_clipping_is_pessimistic():
+    logp = torch.log(torch.tensor([[2.0, 0.5]]))
+    loss, stats = importance_sampling_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]),
+                                           torch.ones(1, 2, dtype=torch.bool), clip_ratio=0.2)
+    # A > 0: ratio 2 is clipped to 1.2, ratio 0.5 keeps its (lower) value.
+    assert float(loss) == pytest.approx(-(1.2 + 0.5))
+    assert stats["clipped_frac"] == pytest.approx(0.5)
+
+
+def test_train_step_changes_only_lora_and_moves_logprobs(agent, tmp_path):
+    turns = [agent.act(obs()) for _ in range(2)]
+    before = {n: p.detach().clone() for n, p in agent.model.named_parameters()}
+    ctx, act = turns[0].context_ids, turns[0].action_ids
+    with torch.no_grad():
+        lp0 = token_logprobs(agent.model, ctx, act, agent.temperature).sum()
+    v0 = agent.version
+    stats = agent.train_step([TrainItem([turns[0]], 1.0, v0), TrainItem([turns[1]], -1.0, v0)])
+    assert agent.version == v0 + 1 and stats["tokens"] > 0
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    changed = {n for n, p in agent.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    assert all(p.requires_grad == ("lora_" in n) for n, p in agent.model.named_parameters())
+    with torch.no_grad():
+        lp1 = token_logprobs(agent.model, ctx, act, agent.temperature).sum()
+    assert lp1 > lp0  # the positively advantaged turn became more likely
+
+    # save/load round-trip restores adapter, optimizer and version.
+    agent.save(tmp_path / "p")
+    other = tiny_agent(learning_rate=1e-2)
+    other.load(tmp_path / "p")
+    assert other.version == agent.version
+    with torch.no_grad():
+        lp2 = token_logprobs(other.model, ctx, act, other.temperature).sum()
+    assert float(lp2) == pytest.approx(float(lp1), abs=1e-4)

@@ -1,0 +1,41 @@
+"""Small real job functions for the pool's protocol tests (imported by workers by path).
+
+Each reads its behaviour from `behave.json` in the job dir, so one function serves many tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from nestor.inner.types import JobRequest, JobResult
+
+
+class CountingWarm:
+    """Warm state that proves it survives across jobs: it counts the jobs its worker ran."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+
+
+def behave_job(request: JobRequest, *, warm: CountingWarm | None = None) -> JobResult:
+    spec_path = request.job_dir / "behave.json"
+    spec = json.loads(spec_path.read_text()) if spec_path.is_file() else {}
+    if warm is not None:
+        warm.jobs += 1
+    (request.job_dir / f"pid-{request.request_id}").write_text(str(os.getpid()))
+    if spec.get("die_always"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(float(spec.get("sleep", 0.0)))
+    return JobResult(status="ok", steps=warm.jobs if warm else 0,
+                     metrics=[{"pid": os.getpid(), "task": request.task_id}])
+
+
+def noop_job(request: JobRequest, *, warm: object = None) -> JobResult:
+    return JobResult(status="ok")
+
+
+def raising_job(request: JobRequest, *, warm: object = None) -> JobResult:
+    raise ValueError("bad things")

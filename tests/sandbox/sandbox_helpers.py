@@ -1,0 +1,30 @@
+"""Shared helpers of the sandbox tests."""
+
+import os
+import sys
+
+import pytest
+
+from nestor.sandbox import sandbox_backend
+
+PY = sys.executable
+
+
+def processes_with(marker: str) -> list[int]:
+    """pids whose command line contains marker (leftovers of a sandboxed child)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+requires_bwrap = pytest.mark.skipif(
+    sandbox_backend() != "bubblewrap",
+    reason="filesystem isolation needs bubblewrap (apt-get install bubblewrap)")
