@@ -241,6 +241,13 @@ class Ledger:
             row["metrics"] = json.loads(row["metrics"])
         return rows
 
+    def job_results(self) -> list[dict]:
+        """Every finished job with its episode's task: the rows a report plots."""
+        return self._all("SELECT r.job_id, e.task_id, e.family, e.policy_version, r.status, "
+                         "r.pre_score, r.post_score, r.improvement, r.wall_s, r.cost_usd, "
+                         "r.worker, r.created FROM results r JOIN jobs j ON j.id = r.job_id "
+                         "JOIN episodes e ON e.id = j.episode_id ORDER BY r.created")
+
     def close(self) -> None:
         with self._lock:
             self._db.close()

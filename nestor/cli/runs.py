@@ -1,0 +1,67 @@
+"""`nestor runs list|show`: summaries of run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from nestor.cli.common import JsonOpt, fail, print_json
+
+app = typer.Typer(no_args_is_help=True, help="Summaries of runs.")
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
+
+
+@app.command("list")
+def list_(
+    root: Path = typer.Argument(Path("runs"), help="Directory holding run directories."),
+    json_: bool = JsonOpt,
+) -> None:
+    """One line per run under ROOT."""
+    from nestor.report.data import RunData, RunDirError
+
+    if not root.is_dir():
+        fail(f"{root} is not a directory")
+    rows = []
+    for child in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            rows.append(RunData.load(child).summary())
+        except RunDirError:
+            continue
+    if json_:
+        print_json(rows)
+        return
+    table = Table("run", "policy", "status", "steps", "episodes", "reward first→last", "cost $")
+    for r in rows:
+        table.add_row(r["name"], _fmt(r["policy"]), r["status"], str(r["steps"]),
+                      str(r["episodes"]),
+                      f"{_fmt(r['reward_first_2_steps'])} → {_fmt(r['reward_last_2_steps'])}",
+                      _fmt(r["cost_usd"]))
+    Console().print(table)
+
+
+@app.command("show")
+def show(run_dir: Path = typer.Argument(...), json_: bool = JsonOpt) -> None:
+    """Summary of one run."""
+    from nestor.report.data import RunData, RunDirError
+
+    try:
+        summary = RunData.load(run_dir).summary()
+    except RunDirError as exc:
+        fail(str(exc))
+    if json_:
+        print_json(summary)
+        return
+    table = Table("field", "value", show_header=False)
+    for key, value in summary.items():
+        table.add_row(key, _fmt(value))
+    Console().print(table)
+
+
+def register(main: typer.Typer) -> None:
+    main.add_typer(app, name="runs")

@@ -1,0 +1,1 @@
+"""Run metrics -> PNG figures + one HTML page (`nestor report RUN_DIR`)."""

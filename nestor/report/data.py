@@ -1,0 +1,106 @@
+"""Everything a report or a run summary reads from a run directory, tolerant of a run that is
+still going (a half-written last line) or that crashed (no final step, episodes left running)."""
+
+from __future__ import annotations
+
+import statistics
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nestor.ledger import LEDGER_FILE, Ledger
+from nestor.outer.metrics import read_jsonl
+
+METRICS_FILE = "metrics.jsonl"
+HELDOUT_FILE = "heldout.jsonl"
+
+
+class RunDirError(ValueError):
+    """Not a run directory (no metrics, no ledger)."""
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    config: dict[str, Any]
+    steps: list[dict[str, Any]]  # metrics.jsonl rows, one per outer step
+    heldout: list[dict[str, Any]]  # heldout.jsonl rows: step, arm, task, n, mean, ci95
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # ledger rows
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # task_id, pre, post, status, cost
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunData:
+        run_dir = Path(run_dir)
+        has_ledger = (run_dir / LEDGER_FILE).is_file()
+        if not run_dir.is_dir() or not (has_ledger or (run_dir / METRICS_FILE).is_file()):
+            raise RunDirError(f"{run_dir} is not a run directory "
+                              f"(no {METRICS_FILE} and no {LEDGER_FILE})")
+        config: dict[str, Any] = {}
+        if (run_dir / "config.toml").is_file():
+            try:
+                config = tomllib.loads((run_dir / "config.toml").read_text())
+            except tomllib.TOMLDecodeError:
+                config = {}
+        data = cls(run_dir, config, read_jsonl(run_dir / METRICS_FILE),
+                   read_jsonl(run_dir / HELDOUT_FILE))
+        if has_ledger:
+            with Ledger(run_dir, readonly=True) as ledger:
+                data.episodes = ledger.episodes()
+                data.jobs = ledger.job_results()
+        return data
+
+    # -- summaries -----------------------------------------------------------------------------
+    def status(self) -> str:
+        if any(e["status"] == "running" for e in self.episodes):
+            return "in progress (or crashed)"
+        return "finished" if self.steps else "no steps yet"
+
+    def summary(self) -> dict[str, Any]:
+        done = [e for e in self.episodes if e["status"] == "done"]
+        rewards = [e["reward"] for e in done if e["reward"] is not None]
+        first, last = self.steps[:2], self.steps[-2:]
+
+        def mean_reward(rows: list[dict]) -> float | None:
+            vals = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]
+            return statistics.fmean(vals) if vals else None
+
+        return {
+            "run_dir": str(self.run_dir),
+            "name": self.config.get("name", self.run_dir.name),
+            "policy": (self.config.get("policy") or {}).get("kind"),
+            "status": self.status(),
+            "steps": len(self.steps),
+            "episodes": len(self.episodes),
+            "episodes_done": len(done),
+            "reward_mean": statistics.fmean(rewards) if rewards else None,
+            "reward_first_2_steps": mean_reward(first),
+            "reward_last_2_steps": mean_reward(last),
+            "jobs": len(self.jobs),
+            "jobs_ok": sum(j["status"] == "ok" for j in self.jobs),
+            "cost_usd": round(sum(j.get("cost_usd") or 0.0 for j in self.jobs), 4),
+            "heldout": self.heldout_latest(),
+        }
+
+    def heldout_latest(self) -> dict[str, Any]:
+        """Per arm, the mean over held-out tasks at its latest step."""
+        by_arm: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+        for row in self.heldout:
+            by_arm[row["arm"]][row["step"]].append(row)
+        out = {}
+        for arm, steps in by_arm.items():
+            step = max(steps)
+            rows = steps[step]
+            out[arm] = {"step": step, "mean": statistics.fmean(r["mean"] for r in rows),
+                        "n": sum(r["n"] for r in rows)}
+        return out
+
+    def pre_post_by_task(self) -> dict[str, tuple[list[float], list[float]]]:
+        out: dict[str, tuple[list[float], list[float]]] = {}
+        for job in self.jobs:
+            if job["status"] == "ok" and job["pre_score"] is not None and job["post_score"] is not None:
+                pre, post = out.setdefault(job["task_id"], ([], []))
+                pre.append(job["pre_score"])
+                post.append(job["post_score"])
+        return out
