@@ -1,0 +1,98 @@
+"""`nestor serve`: an OpenAI-compatible chat-completions server for a local model or checkpoint.
+
+It renders the conversation and tools with the model's own chat template, samples with nestor's
+KV-cache sampler, and returns Qwen3-style `<tool_call>` blocks as OpenAI `tool_calls`. Useful
+to benchmark trained checkpoints with other tools (`vf-eval`, any OpenAI client) and to test
+`nestor.policy.openai_compat` against a real server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import torch
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from nestor.models.registry import load_model
+from nestor.models.sampler import sample
+from nestor.policy.base import Message, ToolCall
+from nestor.policy.chat import parse_assistant, to_hf_messages
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # clients send more than we use
+
+    model: str = ""
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(None, ge=1, le=32768)
+    seed: int | None = None
+
+
+def _message(d: dict[str, Any]) -> Message:
+    calls = []
+    for c in d.get("tool_calls") or []:
+        fn = c.get("function") or {}
+        args = fn.get("arguments") or {}
+        calls.append(ToolCall(name=fn.get("name", ""), id=c.get("id", ""),
+                              arguments=json.loads(args) if isinstance(args, str) else args))
+    return Message(role=d["role"], content=d.get("content") or "", tool_calls=calls,
+                   tool_call_id=d.get("tool_call_id"))
+
+
+def openai_reply(text: str, *, ended: bool) -> tuple[dict[str, Any], str]:
+    """A sampled reply as an OpenAI assistant message, and its finish reason."""
+    message, _ = parse_assistant(text, call_prefix=f"call_{uuid.uuid4().hex[:8]}")
+    reply: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+    if message.tool_calls:
+        reply["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": json.dumps(c.arguments)}} for c in message.tool_calls]
+    return reply, "tool_calls" if message.tool_calls else ("stop" if ended else "length")
+
+
+def create_app(model_name: str, *, max_tokens: int = 256, device: str = "cpu") -> FastAPI:
+    model, tokenizer = load_model(model_name, device=device)
+    model.eval()
+    lock = threading.Lock()  # one forward at a time: the model is not shared across threads
+    app = FastAPI(title="nestor serve", version="1")
+    context = getattr(model.config, "max_position_embeddings", 4096)
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "owned_by": "nestor"}]}
+
+    @app.post("/v1/chat/completions")
+    def chat(req: ChatRequest) -> dict[str, Any]:
+        try:
+            messages = [_message(m) for m in req.messages]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HTTPException(400, f"malformed messages: {exc}") from None
+        text = tokenizer.apply_chat_template(to_hf_messages(messages), tools=req.tools or None,
+                                             add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer(text, add_special_tokens=False).input_ids
+        budget = min(req.max_tokens or max_tokens, max_tokens)
+        if len(prompt) + budget > context:
+            raise HTTPException(400, f"prompt of {len(prompt)} tokens + max_tokens {budget} "
+                                     f"exceeds the model's context of {context}")
+        generator = torch.Generator().manual_seed(req.seed) if req.seed is not None else None
+        with lock, torch.no_grad():
+            out = sample(model, [prompt], budget, eos_id=tokenizer.eos_token_id,
+                         pad_id=tokenizer.pad_token_id, temperature=max(req.temperature, 1e-3),
+                         greedy=req.temperature == 0, generator=generator, tokenizer=tokenizer)
+        n_new = int(out.completion_mask[0].sum())
+        ended = bool((out.completion_ids[0] == tokenizer.eos_token_id).any())
+        reply, finish = openai_reply(out.texts[0], ended=ended)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": int(time.time()), "model": model_name,
+                "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": n_new,
+                          "total_tokens": len(prompt) + n_new}}
+
+    return app

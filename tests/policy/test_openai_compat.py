@@ -1,0 +1,129 @@
+"""The OpenAI-compatible policy against a real `nestor serve` and a misbehaving endpoint."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import httpx
+import pytest
+
+from nestor.policy.base import Message, Observation
+from nestor.policy.openai_compat import OpenAICompatPolicy, PolicyError, parse_openai_message
+from nestor.serve import openai_reply
+
+TOOLS = [{"type": "function", "function": {"name": "list_files", "description": "List files.",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "nestor.cli.main", "serve", "--model", "tiny-s",
+                             "--port", str(port), "--max-tokens", "24"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        for _ in range(120):
+            try:
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError(proc.stdout.read().decode()[-2000:])
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_policy_talks_to_nestor_serve(server):
+    policy = OpenAICompatPolicy(model="tiny-s", base_url=server, temperature=0, max_tokens=24)
+    obs = Observation(messages=[Message("system", "You write jobs."),
+                                Message("user", "reverse abc")], tools=TOOLS)
+    first = policy.act(obs)
+    again = policy.act(obs)
+    assert first.message.role == "assistant"
+    assert first.message.content == again.message.content  # temperature 0 is greedy
+    assert policy.usage.prompt_tokens > 20 and 0 < policy.usage.completion_tokens <= 48
+    with pytest.raises(PolicyError, match="eval-only"):
+        policy.train_step([])
+
+
+def test_server_rejects_prompt_over_context(server):
+    resp = httpx.post(f"{server}/chat/completions", json={
+        "messages": [{"role": "user", "content": "x" * 20_000}]}, timeout=30)
+    assert resp.status_code == 400 and "context" in resp.text
+
+
+def test_server_turns_tool_call_text_into_tool_calls():
+    reply, finish = openai_reply('ok <tool_call>{"name": "read_file", "arguments": '
+                                 '{"path": "a.txt"}}</tool_call>', ended=True)
+    assert finish == "tool_calls" and reply["content"] == "ok"
+    call = reply["tool_calls"][0]["function"]
+    assert call["name"] == "read_file" and json.loads(call["arguments"]) == {"path": "a.txt"}
+    message, error = parse_openai_message(reply)
+    assert error is None and message.tool_calls[0].arguments == {"path": "a.txt"}
+
+
+def test_malformed_tool_call_arguments_become_a_parse_error():
+    raw = {"content": "", "tool_calls": [{"id": "1", "function": {"name": "write_file",
+                                                                   "arguments": "{not json"}}]}
+    message, error = parse_openai_message(raw)
+    assert not message.tool_calls and "write_file" in error
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    calls = 0
+
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        type(self).calls += 1
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if type(self).calls <= 2:
+            self.send_response(429)
+            self.send_header("Retry-After", "0")
+            self.end_headers()
+            return
+        body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "hi"}}],
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_retries_429_then_succeeds():
+    httpd = HTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        policy = OpenAICompatPolicy(model="m", base_url=f"http://127.0.0.1:{httpd.server_port}/v1",
+                                    backoff_s=0.01)
+        turn = policy.act(Observation(messages=[Message("user", "hello")], tools=[]))
+        assert turn.message.content == "hi" and policy.usage.retries == 2
+    finally:
+        httpd.shutdown()
+
+
+def test_unreachable_endpoint_and_missing_key(monkeypatch):
+    port = _free_port()  # nothing listens here
+    policy = OpenAICompatPolicy(model="m", base_url=f"http://127.0.0.1:{port}/v1",
+                                max_retries=2, backoff_s=0.01)
+    with pytest.raises(PolicyError, match="cannot reach"):
+        policy.act(Observation(messages=[Message("user", "hi")], tools=[]))
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(PolicyError, match=r"\$OPENAI_API_KEY"):
+        OpenAICompatPolicy(model="gpt", base_url="https://api.example.invalid/v1")
