@@ -43,7 +43,8 @@ def run_ours(model, tokenizer, prompts, score, config) -> dict:
 def run_trl(model, tokenizer, prompts, score, config) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer as TRLTrainer
+    from trl import GRPOConfig
+    from trl import GRPOTrainer as TRLTrainer
 
     class Timer(TrainerCallback):
         def __init__(self):
@@ -90,7 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--job", type=Path, default=ROOT / "examples/jobs/good-reverse")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", help="base model name or directory (default: the job's)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)

@@ -1,6 +1,6 @@
 """Pool scaling and dispatch overhead.
 
-1. Scaling: 8 example jobs (examples/jobs/*, cycled, each with its own seed and `--max-steps`)
+1. Scaling: 8 example jobs (examples/jobs/good-*, cycled, each with its own seed and `--max-steps`)
    through the real inner loop on a warm local pool of 1 worker, then of 2 workers, one torch
    thread per worker in both runs (so the comparison is the pool's, not torch's threading).
    Target: t(1 worker) / t(2 workers) >= 1.7.
@@ -39,11 +39,13 @@ def noop_job(request, *, warm=None):
     return JobResult(status="ok")
 
 
-def example_jobs(n: int, max_steps: int, dest: Path) -> list[Path]:
+def example_jobs(n: int, max_steps: int, dest: Path) -> list[tuple[Path, str]]:
+    """n copies of the good example jobs (examples/jobs/good-<task>), cycled, each with its own
+    seed and at most `max_steps` steps; returns (job dir, task id) pairs."""
     from nestor.job.config import load_job_config
     from nestor.job.scaffold import config_toml
 
-    sources = sorted(p for p in (ROOT / "examples" / "jobs").iterdir()
+    sources = sorted(p for p in (ROOT / "examples" / "jobs").glob("good-*")
                      if (p / "config.toml").is_file())
     jobs = []
     for i in range(n):
@@ -53,11 +55,11 @@ def example_jobs(n: int, max_steps: int, dest: Path) -> list[Path]:
         cfg = load_job_config(src / "config.toml")
         cfg = cfg.model_copy(update={"max_steps": min(cfg.max_steps, max_steps), "seed": i})
         (job / "config.toml").write_text(config_toml(cfg))
-        jobs.append(job)
+        jobs.append((job, src.name.removeprefix("good-")))
     return jobs
 
 
-def run_batch(workers: int, jobs: list[Path], task: str, out: Path) -> tuple[float, list]:
+def run_batch(workers: int, jobs: list[tuple[Path, str]], out: Path) -> tuple[float, list]:
     from nestor.inner.types import JobRequest
     from nestor.pool import PoolConfig, make_pool
 
@@ -66,11 +68,13 @@ def run_batch(workers: int, jobs: list[Path], task: str, out: Path) -> tuple[flo
         assert pool.wait_ready(300), "workers did not start"
         t0 = time.monotonic()
         futures = [pool.submit(JobRequest(job_dir=j, task_id=task, timeout_s=1800,
-                                          out_dir=out / f"w{workers}-{j.name}")) for j in jobs]
+                                          out_dir=out / f"w{workers}-{j.name}"))
+                   for j, task in jobs]
         results = [f.result() for f in futures]
         elapsed = time.monotonic() - t0
     print(f"{workers} worker(s): {elapsed:.1f} s for {len(jobs)} jobs; statuses "
-          f"{[r.status for r in results]}", flush=True)
+          f"{[r.status for r in results]}; job walls {[round(r.wall_s, 1) for r in results]}",
+          flush=True)
     return elapsed, results
 
 
@@ -134,7 +138,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--max-steps", type=int, default=4)
-    ap.add_argument("--task", default="reverse")
     ap.add_argument("--overhead-n", type=int, default=30)
     ap.add_argument("--no-scaling", action="store_true", help="Only measure dispatch overhead.")
     ap.add_argument("--no-ray", action="store_true", help="Skip the Ray head measurement.")
@@ -164,8 +167,8 @@ def main() -> None:
             print(f"ray dispatch overhead: {ray}", flush=True)
         if not args.no_scaling:
             jobs = example_jobs(args.jobs, args.max_steps, out / "jobs")
-            t1, r1 = run_batch(1, jobs, args.task, out)
-            t2, r2 = run_batch(2, jobs, args.task, out)
+            t1, r1 = run_batch(1, jobs, out)
+            t2, r2 = run_batch(2, jobs, out)
             figures.update(
                 t_1_worker_s=round(t1, 2), t_2_workers_s=round(t2, 2),
                 speedup=round(t1 / t2, 3),

@@ -180,11 +180,15 @@ class Ledger:
         with self._lock:
             return [dict(r) for r in self._db.execute(sql, args).fetchall()]
 
-    def episodes(self, *, status: str | None = None, task_id: str | None = None) -> list[dict]:
+    def episodes(self, *, status: str | None = None, task_id: str | None = None,
+                 episode_id: str | None = None) -> list[dict]:
         """Episodes, oldest first; `components` and `config` decoded."""
         sql = ("SELECT e.*, r.components FROM episodes e LEFT JOIN rewards r "
                "ON r.episode_id = e.id WHERE 1=1")
         args: list[Any] = []
+        if episode_id:
+            sql += " AND e.id = ?"
+            args.append(episode_id)
         if status:
             sql += " AND e.status = ?"
             args.append(status)
@@ -199,7 +203,7 @@ class Ledger:
 
     def episode(self, episode_id: str) -> dict:
         """One episode with its turns, reports, jobs and results (raises KeyError if unknown)."""
-        rows = [e for e in self.episodes() if e["id"] == episode_id]
+        rows = self.episodes(episode_id=episode_id)
         if not rows:
             raise KeyError(episode_id)
         ep = rows[0]

@@ -39,9 +39,9 @@ EndReason = Literal["ok", "job_failed", "invalid", "no_submit", "turn_limit", "t
 
 class EpisodeConfig(BaseModel):
     max_turns: int = Field(12, ge=1, le=200, description="Policy turns before `turn_limit`.")
-    max_tokens: int = Field(60_000, ge=100, description="Tokens the policy may produce over the "
-                            "episode (its sampled tokens; ~4 characters each for the composer) "
-                            "before `token_limit`.")
+    max_tokens: int = Field(60_000, ge=1, description="Tokens the policy may produce over the "
+                            "episode (its sampled actions; ~4 characters each for a policy that "
+                            "reports none) before `token_limit`.")
     max_attempts: int = Field(3, ge=1, le=10, description="Submits (validation probes) allowed.")
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, gt=0, description="Sampled-token cap of "
                               "the inner job (the validation probe enforces it).")
@@ -93,7 +93,9 @@ def format_report(report: Any, attempt: int, max_attempts: int) -> str:
 
 
 def _turn_tokens(turn: Turn) -> int:
-    if turn.context_ids:  # a token policy: exactly what it sampled
+    """What the policy produced: its sampled actions (tokens of an LM, decisions of the
+    composer), or ~4 characters a token for a policy that reports none (an API model)."""
+    if turn.action_ids:
         return len(turn.action_ids)
     text = turn.message.content + json.dumps([c.arguments for c in turn.message.tool_calls])
     return len(text) // 4 + 1

@@ -24,7 +24,8 @@ def matrix(
                                            "(default: every model a worker type lists, else all)."),
     max_steps: int = typer.Option(3, "--max-steps", min=1, max=2000,
                                   help="Cap on the reference job's steps."),
-    backend: str | None = typer.Option(None, "--backend", help="local | ray (default: nestor.toml)."),
+    backend: str | None = typer.Option(None, "--backend",
+                                       help="local | ray (default: nestor.toml, else local)."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster address."),
     timeout: float = typer.Option(900.0, "--timeout", min=1.0, help="Cap per reference job (s)."),
     output: Path | None = typer.Option(None, "--output", help="Matrix file (default: "

@@ -116,24 +116,59 @@ def train(
     job_dir: Path = JobDirArg,
     task: str = TaskOpt,
     difficulty: int = DifficultyOpt,
-    out: Path | None = typer.Option(None, "--out", help="Where the checkpoint goes."),
+    out: Path | None = typer.Option(None, "--out", help="Where the checkpoint goes (default: a "
+                                    "new temporary directory)."),
     timeout_s: float = typer.Option(3600.0, "--timeout", min=1, help="Wall-clock limit, seconds."),
+    threads: int = typer.Option(1, "--threads", min=1, max=256, help="torch CPU threads (the "
+                                "tiny models gain little from more; raise it for bigger ones)."),
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
-    """Validate, then GRPO-train the job's base model and score it on the hidden eval."""
-    from nestor.inner.run import run_job
+    """GRPO-train the job's base model and score it before and after on the hidden eval.
+
+    Exit 0 when the job trained (status ok), 1 otherwise (invalid, failed, timeout)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nestor.inner.run import WarmState, run_job
     from nestor.inner.types import JobRequest
+    from nestor.job.config import JobConfigError, load_job_config
 
     _spec(task, difficulty, tasks_module)
     request = JobRequest(job_dir=_job_dir(job_dir).resolve(), task_id=task, difficulty=difficulty,
                          out_dir=out, timeout_s=timeout_s, tasks_modules=list(tasks_module or []))
-    result = run_job(request)
+    try:
+        total = load_job_config(job_dir / "config.toml").max_steps
+    except JobConfigError:
+        total = None  # run_job reports it as an invalid job
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        bar = progress.add_task("loading model, pre-score, reward server…", total=total)
+
+        def on_step(m: dict) -> None:
+            progress.update(bar, completed=m["step"], description=(
+                f"training: reward {m['reward_mean']:.3f}, {m['tokens_per_s']:.0f} tok/s"))
+
+        result = run_job(request, warm=WarmState(threads=threads), on_step=on_step)
+    fields = ("status", "pre_score", "post_score", "improvement", "wall_s", "train_s", "steps",
+              "reward_curve", "checkpoint", "base_model", "log_tail")
+    shown = {k: getattr(result, k) for k in fields}
     if json_:
-        print_json(result.model_dump())
+        print_json(shown)
     else:
-        console.print(f"status {result.status}: pre {result.pre_score} -> post "
-                      f"{result.post_score} in {result.wall_s:.0f} s", highlight=False)
+        from rich.console import Console
+        from rich.table import Table
+
+        colour = "green" if result.status == "ok" else "red"
+        table = Table(show_header=False, title=f"{job_dir} on {task}: "
+                      f"[{colour}]{result.status}[/{colour}]")
+        for key in fields[1:-1]:
+            value = shown[key]
+            if isinstance(value, float):
+                value = f"{value:+.3f}" if key == "improvement" else f"{value:.3f}"
+            elif key == "reward_curve":
+                value = " ".join(f"{r:.2f}" for r in value)
+            table.add_row(key, "-" if value is None else str(value))
+        Console().print(table)
         if result.status != "ok" and result.log_tail:
             console.print(result.log_tail, highlight=False, markup=False)
     raise typer.Exit(0 if result.status == "ok" else 1)

@@ -13,11 +13,12 @@ from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json
 
 app = typer.Typer(no_args_is_help=True, help="Warm worker pools: run jobs locally or on Ray.")
 
-BackendOpt = typer.Option(None, "--backend", help="local | ray (default: nestor.toml [pool], "
-                          "else local).")
+BackendOpt = typer.Option(None, "--backend", help="local | ray (default: the pool table of "
+                          "nestor.toml, else local).")
 WorkersOpt = typer.Option(None, "--workers", min=1, max=1024,
                           help="Workers (local default: cores, at most 16).")
-AddressOpt = typer.Option(None, "--address", help="Ray cluster: auto, host:port or ray://host:port.")
+AddressOpt = typer.Option(None, "--address",
+                          help="Ray cluster: auto, host:port or ray://host:port.")
 
 
 def open_pool(backend: str | None, workers: int | None, address: str | None):
@@ -50,7 +51,8 @@ def run(
     address: str | None = AddressOpt,
     difficulty: int = typer.Option(0, "--difficulty", min=0, max=5, help="Task difficulty level."),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Wall-clock cap per job (s)."),
-    out_dir: Path | None = typer.Option(None, "--out-dir", help="Checkpoints go to OUT_DIR/<n>-<job>."),
+    out_dir: Path | None = typer.Option(None, "--out-dir",
+                                        help="Checkpoints go to OUT_DIR/<n>-<job>."),
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
@@ -65,11 +67,12 @@ def run(
         registry(tasks_module).get(task)
     except TaskError as exc:
         fail(str(exc))
+    names = [f"{i}-{d.resolve().name}" for i, d in enumerate(job_dirs)]
     requests = [JobRequest(job_dir=d.resolve(), task_id=task, difficulty=difficulty,
                            timeout_s=timeout, tasks_modules=list(tasks_module or []),
-                           request_id=f"{i}-{d.resolve().name}",
-                           out_dir=(out_dir / f"{i}-{d.resolve().name}").resolve() if out_dir else None)
-                for i, d in enumerate(job_dirs)]
+                           request_id=name,
+                           out_dir=(out_dir / name).resolve() if out_dir else None)
+                for name, d in zip(names, job_dirs, strict=True)]
     pool = open_pool(backend, workers, address)
     results: dict[int, object] = {}
     try:

@@ -124,13 +124,6 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor
     return logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
 
 
-def token_entropy(logits: Tensor, temperature: float) -> Tensor:
-    """[B, T, V] -> [B, T] entropy of the sampling distribution (no grad)."""
-    with torch.no_grad():
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        return -(logp.exp() * logp).sum(-1)
-
-
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """-> ids [N, L] and mask [N, L] (True on real tokens), padded on the left."""
     L = max(len(s) for s in seqs)
@@ -261,7 +254,6 @@ class GRPOTrainer:
 
     def step(self) -> dict:
         cfg = self.config
-        G = cfg.group_size
         t0 = time.perf_counter()
         ro = self.rollout()
         t_sampled = time.perf_counter()
@@ -275,6 +267,8 @@ class GRPOTrainer:
             "reward_std": float(ro.rewards.std(unbiased=False)),
             "zero_var_frac": float(zero_var.float().mean()),
             "completion_len": float(ro.completion_mask.sum(1).float().mean()),
+            # Monte Carlo estimate of the sampling distribution's entropy: E[-log p(token)].
+            "entropy": float(-ro.old_logprobs[ro.completion_mask].mean()),
         }
         stats = self._update(ro, adv, keep) if len(keep) else {}
         self.step_count += 1
@@ -308,8 +302,7 @@ class GRPOTrainer:
         self.model.eval()  # no dropout: the trainer's log-probs must equal the sampler's
         out: dict = {}
         for update in range(cfg.updates_per_step):
-            totals = {"loss": 0.0, "clip_tokens": 0.0, "kl_old_sum": 0.0, "kl_ref_sum": 0.0,
-                      "entropy_sum": 0.0}
+            totals = {"loss": 0.0, "clip_tokens": 0.0, "kl_old_sum": 0.0, "kl_ref_sum": 0.0}
             self.opt.zero_grad(set_to_none=True)
             for i in range(0, K, chunk):
                 k = min(chunk, K - i)
@@ -325,16 +318,12 @@ class GRPOTrainer:
                 totals["loss"] += float(loss.detach())
                 for key, v in st.items():
                     totals[key] += v
-                if update == 0:
-                    totals["entropy_sum"] += float((token_entropy(logits, cfg.temperature)
-                                                    * mask[sl]).sum())
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             self.opt.step()
             if update == 0:
                 # On the first pass the trainer's policy is the sampler's: kl_old measures
                 # their mismatch (0 up to float error on CPU float32).
-                out["entropy"] = totals["entropy_sum"] / max(n_tokens, 1)
                 out["kl_sampler"] = totals["kl_old_sum"] / max(n_tokens, 1)
             out.update(loss=totals["loss"], grad_norm=float(grad_norm),
                        clip_frac=totals["clip_tokens"] / max(n_tokens, 1),

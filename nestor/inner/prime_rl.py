@@ -146,17 +146,26 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 Scorer = Callable[[str, str, int, int], float]  # (model name or dir, task id, difficulty, n)
 
 
+def _eval_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def trusted_score(model: str, task_id: str, difficulty: int, n: int) -> float:
-    """Hidden-eval accuracy, computed in this (trusted) process."""
+    """Hidden-eval accuracy, computed in this (trusted) process, on the worker's GPU if any."""
     from nestor.inner.evaluate import evaluate
 
-    return evaluate(model, [task_id], difficulty=difficulty, n=n, use_cache=False)[0].accuracy
+    return evaluate(model, [task_id], difficulty=difficulty, n=n, use_cache=False,
+                    device=_eval_device())[0].accuracy
 
 
 def trusted_pre_score(model: str, task_id: str, difficulty: int, n: int) -> float:
-    from nestor.inner.evaluate import pre_score
+    """The base model's hidden-eval accuracy, cached on disk by (model, weights, task, n)."""
+    from nestor.inner.evaluate import evaluate
 
-    return pre_score(model, task_id, difficulty).accuracy
+    return evaluate(model, [task_id], difficulty=difficulty, n=n, use_cache=True,
+                    device=_eval_device())[0].accuracy
 
 
 class _Proc:
@@ -240,7 +249,8 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
 
     rl_toml = work / "rl.toml"
     rl_toml.write_text(tomli_w.dumps(rl), encoding="utf-8")
-    env = {**os.environ, **config.env}
+    # The job's code runs under prime-rl: it gets no API keys of this process.
+    env = {**{k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}, **config.env}
 
     argv = [a.replace("{env_dir}", str(job_dir / "env")) for a in config.install_command]
     if err := _run_install(argv, work, env, config.install_timeout_s, work / "install.log"):
@@ -309,10 +319,11 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
 
 
 def load_prime_rl_config(path: Path | None = None) -> PrimeRLConfig:
-    """The `[prime_rl]` table of nestor.toml (optional; defaults otherwise)."""
+    """The `[prime_rl]` table of $NESTOR_TOML, else ./nestor.toml (optional: defaults). A Ray
+    worker's cwd is Ray's, so pods point NESTOR_TOML at the file their setup wrote."""
     import tomllib
 
-    path = path or Path("nestor.toml")
+    path = path or Path(os.environ.get("NESTOR_TOML", "nestor.toml"))
     if not path.is_file():
         return PrimeRLConfig()
     return PrimeRLConfig.model_validate(tomllib.loads(path.read_text()).get("prime_rl", {}))
@@ -325,4 +336,7 @@ def run_job(request: JobRequest, *, warm=None, config: PrimeRLConfig | None = No
         config = config or load_prime_rl_config()
     except Exception as exc:  # a bad [prime_rl] table fails the job with the reason
         return JobResult(status="failed", log_tail=f"nestor.toml [prime_rl]: {exc}")
+    if warm is not None and hasattr(warm, "pre_score"):  # a warm worker caches pre-scores
+        return run_prime_rl(request, config,
+                            pre_score=lambda model, task, diff, n: warm.pre_score(model, task, diff))
     return run_prime_rl(request, config)

@@ -32,8 +32,12 @@ class WarmState:
     """What a warm worker keeps across jobs: loaded base models (never trained: each job gets a
     copy) and pre-scores of (model, task, difficulty)."""
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", threads: int | None = None):
         self.device = device
+        if threads:  # tiny models gain little from more threads, and lose a lot when the
+            import torch  # cores are oversubscribed (OpenMP threads spin-wait on each other)
+
+            torch.set_num_threads(threads)
         self._models: dict[str, tuple] = {}
         self._pre: dict[tuple[str, str, int], float] = {}
 
@@ -53,12 +57,14 @@ class WarmState:
         model, tokenizer = self.base(name)
         return copy.deepcopy(model), tokenizer
 
-    def pre_score(self, name: str, task_id: str, difficulty: int) -> float:
+    def pre_score(self, name: str, task_id: str, difficulty: int, registry=None) -> float:
+        """Hidden-eval accuracy of the base model (cached here and on disk)."""
         key = (name, task_id, difficulty)
         if key not in self._pre:
             from nestor.inner.evaluate import pre_score
 
-            self._pre[key] = float(pre_score(name, task_id, difficulty).accuracy)
+            self._pre[key] = float(pre_score(name, task_id, difficulty,
+                                             registry=registry).accuracy)
         return self._pre[key]
 
 
@@ -110,30 +116,47 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
     from nestor.tasks import TaskError, TaskRegistry
 
     try:
-        task = TaskRegistry(request.tasks_modules).get(request.task_id)
+        registry = TaskRegistry(request.tasks_modules)
+        task = registry.get(request.task_id)
     except TaskError as exc:
         return done("invalid", log_tail=str(exc))
 
     warm = warm or WarmState()
+    from nestor.job.tasksource import prewarm
+
+    prewarm()  # the reward server's child imports verifiers while we load the model and pre-score
     history: list[dict] = []
     train_s = 0.0
+    timings: dict[str, float] = {}
+    mark = [time.monotonic()]
+
+    def lap(name: str) -> None:
+        now = time.monotonic()
+        timings[name] = round(now - mark[0], 2)
+        mark[0] = now
     try:
         try:
             base, _ = warm.base(config.base_model)
             model, tokenizer = warm.trainable_copy(config.base_model)
         except ModelNotFoundError as exc:
             return done("failed", log_tail=f"base model: {exc}")
-        pre = warm.pre_score(config.base_model, request.task_id, request.difficulty)
+        lap("load_model_s")
+        pre = warm.pre_score(config.base_model, request.task_id, request.difficulty, registry)
         result["pre_score"] = pre
         log(f"{config.base_model} on {request.task_id}: pre-score {pre:.3f}")
+        lap("pre_score_s")
         deadline = t0 + request.timeout_s
 
         from nestor.inner.grpo import GRPOTrainer
         from nestor.job.tasksource import JobTaskSource
 
-        with JobTaskSource(job_dir) as source:
+        if time.monotonic() > deadline:
+            log(f"timeout: {request.timeout_s:g} s passed before training started")
+            return done("timeout")
+        with JobTaskSource(job_dir, warm=True) as source:
             prompts = source.prompts()
             log(f"reward server up: {len(prompts)} tasks")
+            lap("reward_server_s")
             trainer = GRPOTrainer(model, tokenizer, prompts, source.score, config,
                                   ref_model=base)
 
@@ -146,6 +169,7 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
             t_train = time.monotonic()
             trainer.train(should_stop=lambda: time.monotonic() > deadline, on_step=step_done)
             train_s = time.monotonic() - t_train
+            lap("train_s")
         result.update(steps=len(history), train_s=train_s, metrics=history,
                       reward_curve=[round(m["reward_mean"], 4) for m in history])
         if time.monotonic() > deadline:
@@ -155,9 +179,12 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
 
         post = _post_score(trainer.model, tokenizer, task, request.difficulty)
         log(f"post-score {post:.3f} ({post - pre:+.3f})")
+        lap("post_score_s")
         out_dir = Path(request.out_dir) if request.out_dir else Path(
             tempfile.mkdtemp(prefix="nestor-job-"))
         ckpt = _save(trainer.model, tokenizer, out_dir, config, request, history)
+        lap("save_s")
+        log("timings: " + ", ".join(f"{k} {v:g}" for k, v in timings.items()))
         return done("ok", post_score=post, improvement=post - pre, checkpoint=str(ckpt))
     except Exception as exc:  # the job's code, its reward server or the trainer failed
         result.update(steps=len(history), train_s=train_s, metrics=history,

@@ -1,28 +1,40 @@
-"""The job host: runs a job's untrusted taskset inside the sandbox and speaks JSON lines.
+"""The job host: runs jobs' untrusted tasksets inside the sandbox and speaks JSON lines.
 
-STANDALONE: this file is copied into the sandbox and run by the same interpreter, so it
-imports only the standard library and verifiers — never nestor. One request per stdin line,
-one JSON object per stdout line (usage: host.py JOB_DIR); every reply has `ok`, failures carry `stage` and `error`
-(a message the job's author can act on). Commands:
+STANDALONE: this file is bound into the sandbox and run by the same interpreter, so it imports
+only the standard library and verifiers — never nestor. One request per stdin line, one JSON
+object per stdout line; every reply has `ok`, failures carry `stage` and `error` (a message the
+job's author can act on).
 
-  {"cmd": "hello"}                                 -> versions, how long verifiers took to import
-  {"cmd": "import", "package": NAME}               -> imports JOB/env/NAME, finds its one Taskset
-  {"cmd": "load", "max_tasks": N}                  -> tasks [{"prompt", "answer", "system_prompt"}]
+The process is a zygote: it imports verifiers once (seconds), then serves one job after another,
+each in a forked child, so every job starts from the same clean interpreter and none pays for
+the import. The zygote answers `hello` and `job`; the job's child answers the rest:
+
+  {"cmd": "hello", "nonce": x}          -> versions, import time; x echoed (a stream check)
+  {"cmd": "job", "dir": DIR}            -> forks the job's child; it replies {"pid"}
+  {"cmd": "import", "package": NAME}    -> imports DIR/env/NAME, finds its one Taskset
+  {"cmd": "load", "max_tasks": N}       -> tasks [{"prompt", "answer", "system_prompt"}]
   {"cmd": "score", "items": [{"task": i, "completion": s}]}
-                                                   -> rewards [float|null], errors [str|null],
-                                                      components [{name: score}], elapsed_s
+                                        -> rewards [float|null], errors [str|null],
+                                           components [{name: score}], elapsed_s
+  {"cmd": "end"}                        -> the child exits; the zygote reaps it, kills what it
+                                           left running, replies {"ended"}, serves the next job
 
-The job's own prints would corrupt the protocol, so fd 1 is moved to a private descriptor
-and everything the job writes to stdout goes to stderr instead.
+If the child dies mid-request (a CPU limit, os._exit in the job), the zygote answers for it
+with stage "died". The job's prints would corrupt the protocol, so fd 1 is moved to a private
+descriptor and whatever the job writes to stdout goes to stderr instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import importlib
+import inspect
 import json
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -39,8 +51,9 @@ from verifiers.v1.utils.generic import concrete_type  # noqa: E402
 IMPORT_S = time.perf_counter() - _t0
 MAX_TEXT = 16_384  # chars per prompt / answer we ship back; longer ones cannot fit a context
 
-JOB_DIR = sys.argv[1] if len(sys.argv) > 1 else "/job"
-JOB: dict = {}  # job dir, the Taskset class, loaded tasks
+JOB: dict = {}  # in a job's child: its dir, Taskset class, loaded tasks
+END_CODE = 77  # the child's exit status after a clean `end`
+PRIVATE_UIDS = range(200_000, 265_000)  # the sandbox's per-child uids: kill(-1) is safe there
 
 
 class Failure(Exception):
@@ -66,17 +79,16 @@ def describe(exc: BaseException) -> str:
     return text + where(exc)
 
 
-def cmd_hello(_req: dict) -> dict:
-    return {"python": sys.version.split()[0], "verifiers": __import__("verifiers").__version__,
+def cmd_hello(req: dict) -> dict:
+    return {"nonce": req.get("nonce"), "python": sys.version.split()[0], "verifiers": __import__("verifiers").__version__,
             "import_s": round(IMPORT_S, 3)}
 
 
 def cmd_import(req: dict) -> dict:
-    job, package = JOB_DIR, str(req["package"])
-    JOB.clear()
-    JOB["dir"] = os.path.realpath(job)
+    job, package = JOB["dir"], str(req["package"])
+    if "taskset_cls" in JOB:
+        raise Failure("import", "already imported")
     sys.path.insert(0, os.path.join(job, "env"))
-    os.chdir(job)
     t0 = time.perf_counter()
     try:
         module = importlib.import_module(package)
@@ -110,9 +122,34 @@ def cmd_import(req: dict) -> dict:
     if not rewards:
         raise Failure("taskset", f"{task_cls.__name__} has no @vf.reward methods; the rubric is "
                       "its `@vf.reward(weight=...) async def ...(self, trace) -> float` methods")
+    for name in set(rewards):
+        _guard_reward(task_cls, name)
     JOB["taskset_cls"] = taskset_cls
     return {"package": package, "taskset": taskset_cls.__name__, "task": task_cls.__name__,
             "rewards": sorted(set(rewards)), "import_s": round(elapsed, 3)}
+
+
+def _guard_reward(task_cls: type, name: str) -> None:
+    """Wrap a @vf.reward method so that a wrong return type is an error that names it.
+    (verifiers itself would coerce "0.7" or True with float(); prime-rl may not.)"""
+    fn = getattr(task_cls, name, None)
+    if fn is None or not hasattr(fn, "reward"):
+        return
+
+    @functools.wraps(fn)
+    async def guarded(self, *args, **kwargs):
+        result = fn(self, *args, **kwargs)
+        if not inspect.isawaitable(result):
+            raise TypeError(f"reward {name}() must be `async def` (verifiers awaits it)")
+        value = await result
+        values = value.values() if isinstance(value, dict) else [value]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise TypeError(f"reward {name}() returned {type(v).__name__} {v!r:.40}; "
+                                "return a float in [0, 1]")
+        return value
+
+    setattr(task_cls, name, guarded)
 
 
 def _prompt_text(i: int, data) -> str:
@@ -232,13 +269,147 @@ def cmd_score(req: dict) -> dict:
 COMMANDS = {"hello": cmd_hello, "import": cmd_import, "load": cmd_load, "score": cmd_score}
 
 
+OWNER = [os.getpid()]  # the one process allowed to reply: the zygote, then the job's child
+
+
 def reply(obj: dict) -> None:
+    if os.getpid() != OWNER[0]:  # a process the job forked is running our code: stay silent
+        os._exit(0)
     try:
         line = json.dumps(obj, allow_nan=False)
     except ValueError:
         line = json.dumps({"ok": False, "stage": "host", "error": "reply was not JSON-safe"})
     PROTOCOL.write(line + "\n")
     PROTOCOL.flush()
+
+
+_inbuf = bytearray()
+
+
+def read_line() -> bytes | None:
+    """One request line from fd 0, unbuffered beyond it: a forked child and the zygote take
+    turns reading the same pipe, so neither may read ahead."""
+    while True:
+        nl = _inbuf.find(b"\n")
+        if nl >= 0:
+            line = bytes(_inbuf[:nl])
+            del _inbuf[: nl + 1]
+            return line
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return None
+        _inbuf.extend(chunk)
+
+
+def serve_job(job_dir: str) -> None:
+    """The job's child: answer its requests until `end` or EOF."""
+    global LOOP
+    OWNER[0] = os.getpid()
+    os.setpgid(0, 0)  # its own process group: whatever it forks dies with it
+    LOOP = asyncio.new_event_loop()  # the zygote's loop shares its epoll fd with us: not ours
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a request past its timeout kills the child
+    JOB.clear()
+    JOB["dir"] = os.path.realpath(job_dir)
+    try:
+        os.chdir(job_dir)
+    except OSError as exc:
+        reply({"ok": False, "stage": "host", "error": f"job dir {job_dir}: {exc}"})
+        return
+    reply({"ok": True, "pid": os.getpid()})
+    while (line := read_line()) is not None:
+        try:
+            req = json.loads(line)
+            cmd = req["cmd"]
+        except (ValueError, KeyError, TypeError):
+            reply({"ok": False, "stage": "host", "error": f"bad request: {line[:200]!r}"})
+            continue
+        if cmd == "end":
+            return  # the zygote acknowledges once everything of ours is gone
+        if cmd not in COMMANDS:
+            reply({"ok": False, "stage": "host", "error": f"unknown command {cmd!r}"})
+            continue
+        try:
+            timeout = max(0.0, float(req.get("timeout_s") or 0))
+        except (TypeError, ValueError):
+            timeout = 0.0
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            out = {"ok": True, **COMMANDS[cmd](req)}
+        except Failure as f:
+            out = {"ok": False, "stage": f.stage, "error": f.error}
+        except BaseException as exc:  # a job that raises SystemExit etc. from a reward
+            out = {"ok": False, "stage": str(cmd), "error": describe(exc)}
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if os.getpid() != OWNER[0]:
+            os._exit(0)
+        reply(out)
+
+
+def _exit_reason(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig
+        if sig == signal.SIGALRM:
+            return "timeout"
+        hint = {signal.SIGXCPU: " (CPU time limit)", signal.SIGKILL: " (memory or CPU limit)",
+                signal.SIGXFSZ: " (file size limit)", signal.SIGSEGV: " (crash)"}.get(sig, "")
+        return f"the job's process was killed by {name}{hint}"
+    return f"the job's process exited with code {os.WEXITSTATUS(status)} mid-request " \
+        "(os._exit or a crash in the job's code)"
+
+
+def _reap(pid: int) -> None:
+    """Kill what the job's child left behind: its process group, and (under the sandbox's
+    private uid, where nothing else of ours runs) every other process but this one."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getuid() in PRIVATE_UIDS:
+        try:
+            os.kill(-1, signal.SIGKILL)  # Linux spares the caller
+        except OSError:
+            pass
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def zygote() -> None:
+    while (line := read_line()) is not None:
+        try:
+            req = json.loads(line)
+            cmd = req["cmd"]
+        except (ValueError, KeyError, TypeError):
+            reply({"ok": False, "stage": "host", "error": f"bad request: {line[:200]!r}"})
+            continue
+        if cmd == "hello":
+            reply({"ok": True, **cmd_hello(req)})
+            continue
+        if cmd == "end":  # no job open (its child already died): just acknowledge
+            reply({"ok": True, "ended": True})
+            continue
+        if cmd != "job":
+            reply({"ok": False, "stage": "host", "error": f"no job is open for {cmd!r}"})
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = END_CODE
+            try:
+                serve_job(str(req.get("dir", "")))
+            except BaseException:  # noqa: BLE001 - the child must never return into the zygote
+                code = 1
+            finally:
+                PROTOCOL.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        _reap(pid)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == END_CODE:
+            reply({"ok": True, "ended": True})
+        else:
+            reply({"ok": False, "stage": "died", "error": _exit_reason(status)})
 
 
 def _warm_up() -> None:
@@ -262,22 +433,15 @@ def main() -> None:
         _warm_up()
     except Exception as exc:  # only ever a cost, never a reason to stop
         print(f"host warm-up failed: {exc}", file=sys.stderr)
-    for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            handler = COMMANDS[req["cmd"]]
-        except (ValueError, KeyError, TypeError):
-            reply({"ok": False, "stage": "host", "error": f"bad request: {line[:200]!r}"})
-            continue
-        try:
-            reply({"ok": True, **handler(req)})
-        except Failure as f:
-            reply({"ok": False, "stage": f.stage, "error": f.error})
-        except BaseException as exc:  # a job that raises SystemExit etc. from a reward
-            reply({"ok": False, "stage": req.get("cmd", "host"), "error": describe(exc)})
+    # verifiers leaves ~10^6 long-lived objects; without this the first full collections
+    # in every job walk them all (0.6 s on the first big batch). Frozen, they also stay
+    # shared copy-on-write with the forked children.
+    gc.collect()
+    gc.freeze()
+    zygote()
 
 
 if __name__ == "__main__":
     main()
     PROTOCOL.flush()
-    os._exit(0)  # stdin closed: leave now, without waiting on threads the job may have started
+    os._exit(0)  # stdin closed: leave now, without waiting on threads verifiers may have started

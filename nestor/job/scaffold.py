@@ -56,7 +56,7 @@ class {cls}Task(vf.Task[{cls}Data]):
     async def positions(self, trace: vf.Trace) -> float:
         """Partial credit: characters that match position by position."""
         reply, answer = normalise(trace.last_reply), self.data.answer
-        return sum(a == b for a, b in zip(reply, answer)) / max(len(reply), len(answer), 1)
+        return sum(a == b for a, b in zip(reply, answer, strict=False)) / max(len(reply), len(answer), 1)
 
 
 class {cls}Taskset(vf.Taskset[{cls}Task, vf.TasksetConfig]):

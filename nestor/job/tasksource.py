@@ -1,14 +1,15 @@
 """The trusted side of a job's taskset: a sandboxed host process that loads and scores it.
 
-`JobTaskSource(job_dir)` runs `host.py` (a standalone script) in the sandbox with the job
-directory bound read-only at /job, and gives the trusted process plain data: the tasks'
-prompts and answers, and rewards for completions. The validation probe and the GRPO trainer's
-reward server both use it. Every failure of the job's code, or of the child, comes back as a
-`TaskSourceError` whose `stage` says which part of the job to fix.
+`JobTaskSource(job_dir)` copies the job into a staging directory that a sandboxed `host.py`
+sees read-only, and gives the trusted process plain data: the tasks' prompts and answers, and
+rewards for completions. The validation probe and the GRPO trainer's reward server both use
+it. Every failure of the job's code, or of the child, comes back as a `TaskSourceError` whose
+`stage` says which part of the job to fix.
 
-Importing verifiers in the child costs seconds, so `prewarm()` starts a spare host on an empty
-staging directory ahead of time; a source created with `warm=True` takes it, copies the job in
-(the bind sees files added later) and skips the wait.
+The host is a zygote (see host.py): it pays the seconds of `import verifiers` once and forks a
+fresh child per job. Idle zygotes are kept for reuse (`warm=True`); `prewarm()` starts one
+ahead of time. A zygote whose job misbehaved badly enough to need killing (a timeout) is
+discarded with it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,12 +32,15 @@ from nestor.sandbox import Limits, SandboxedProcess, SandboxError
 
 HOST_SCRIPT = Path(__file__).with_name("host.py")
 HOST_IN = "/opt/nestor/host.py"
-JOB_IN = "/job"
+JOBS_IN = "/jobs"
 MAX_TASKS = 20_000
+MAX_IDLE = 2  # idle zygotes kept per process
 HOST_NAME = "the taskset host"
+GRACE_S = 3.0  # the sandbox's timeout past a request's own: time for the zygote to report
 
-# The trainer's reward server lives as long as the job, so its CPU allowance is generous; each
-# request still has its own wall-clock timeout, which is what stops a reward that loops.
+# The trainer's reward server lives as long as the job, so its CPU allowance is generous (the
+# limit is per process, and each job is a fresh child); each request still has its own
+# wall-clock timeout, which is what stops a reward that loops.
 TRAIN_LIMITS = Limits(cpu_s=7200, memory_mb=2048, nproc=64, fsize_mb=16, nofile=256,
                       wall_s=60, output_bytes=200_000, tmp_mb=64)
 
@@ -48,6 +53,7 @@ class Timeouts:
     import_s: float = 10.0  # the job's package import
     load_s: float = 15.0  # the whole of load()
     score_s: float = 30.0  # one batch of completions
+    end_s: float = 5.0  # closing the job's child
 
 
 class TaskSourceError(RuntimeError):
@@ -68,77 +74,108 @@ class ScoreBatch:
 
 
 @dataclass
-class _Host:
+class _Zygote:
     process: SandboxedProcess
-    stage: Path | None = None  # a staging dir we own (warm hosts); removed on close
+    stage: Path  # host dir bound read-only at JOBS_IN; jobs are copied into it
+    limits: Limits
     hello: dict = field(default_factory=dict)
+
+    @classmethod
+    def spawn(cls, limits: Limits) -> _Zygote:
+        stage = Path(tempfile.mkdtemp(prefix="nestor-jobs-"))
+        os.chmod(stage, 0o755)  # the sandbox runs as an unprivileged uid
+        try:
+            process = SandboxedProcess(
+                [sys.executable, "-I", HOST_IN],
+                ro_binds={str(HOST_SCRIPT): HOST_IN, str(stage): JOBS_IN},
+                limits=limits, cwd="/tmp", name=HOST_NAME)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        return cls(process, stage, limits)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.alive
+
+    def path_inside(self, host_path: Path) -> str:
+        """Where the sandbox sees a staged job (fallback backends cannot remap paths)."""
+        if self.process.backend == "bubblewrap":
+            return f"{JOBS_IN}/{host_path.relative_to(self.stage)}"
+        return str(host_path)
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        if not self.hello:
+            self.hello = self.process.request({"cmd": "hello"}, timeout_s=timeout_s)
+        return self.hello
 
     def close(self) -> None:
         self.process.close()
-        if self.stage is not None:
-            shutil.rmtree(self.stage, ignore_errors=True)
+        shutil.rmtree(self.stage, ignore_errors=True)
 
 
-def _spawn(bind: Path, limits: Limits, stage: Path | None = None) -> _Host:
-    process = SandboxedProcess(
-        [sys.executable, "-I", HOST_IN, JOB_IN],
-        ro_binds={str(HOST_SCRIPT): HOST_IN, str(bind): JOB_IN},
-        limits=limits, cwd=JOB_IN, name=HOST_NAME)
-    return _Host(process, stage)
+_idle: list[_Zygote] = []
+_idle_lock = threading.Lock()
 
 
-_spares: list[tuple[Limits, _Host]] = []
-_spares_lock = threading.Lock()
+def _acquire(limits: Limits, warm: bool) -> _Zygote:
+    if warm:
+        with _idle_lock:
+            while True:
+                z = next((z for z in _idle if z.limits == limits), None)
+                if z is None:
+                    break
+                _idle.remove(z)
+                if z.alive:
+                    return z
+                z.close()
+    return _Zygote.spawn(limits)
+
+
+def _release(z: _Zygote, keep: bool) -> None:
+    if keep and z.alive:
+        with _idle_lock:
+            if len(_idle) < MAX_IDLE:
+                _idle.append(z)
+                return
+    z.close()
 
 
 def prewarm(limits: Limits = TRAIN_LIMITS, *, wait: bool = False,
             timeout_s: float = Timeouts.start_s) -> bool:
-    """Start a spare host (unless one with these limits is waiting) so that the next
-    `JobTaskSource(..., warm=True)` skips the child's start-up; `wait` blocks until the spare
-    is ready. Returns whether a spare is there."""
-    with _spares_lock:
-        spare = next((h for lim, h in _spares if lim == limits and h.process.alive), None)
-    if spare is None:
-        stage = Path(tempfile.mkdtemp(prefix="nestor-job-"))
-        os.chmod(stage, 0o755)  # the sandbox runs as an unprivileged uid
+    """Make sure an idle host with these limits exists (start one if not), so that the next
+    `JobTaskSource(..., warm=True)` skips the start-up; `wait` blocks until it is ready.
+    Returns whether a ready-or-starting host is there."""
+    with _idle_lock:
+        z = next((z for z in _idle if z.limits == limits and z.alive), None)
+    if z is None:
         try:
-            spare = _spawn(stage, limits, stage)
+            z = _Zygote.spawn(limits)
         except SandboxError:
-            shutil.rmtree(stage, ignore_errors=True)
             return False
-        with _spares_lock:
-            _spares.append((limits, spare))
-    if wait and not spare.hello:
+        with _idle_lock:
+            _idle.append(z)
+    if wait:
         try:
-            spare.hello = spare.process.request({"cmd": "hello"}, timeout_s=timeout_s)
+            z.wait_ready(timeout_s)
         except SandboxError:
             return False
     return True
 
 
-def _take_spare(limits: Limits) -> _Host | None:
-    with _spares_lock:
-        for i, (lim, host) in enumerate(_spares):
-            if lim == limits:
-                del _spares[i]
-                if host.process.alive:
-                    return host
-                host.close()
-    return None
-
-
 @atexit.register
-def _close_spares() -> None:
-    with _spares_lock:
-        while _spares:
-            _spares.pop()[1].close()
+def shutdown_hosts() -> None:
+    """Close every idle host (also run at interpreter exit)."""
+    with _idle_lock:
+        while _idle:
+            _idle.pop().close()
 
 
 def _copy_job(src: Path, dst: Path) -> None:
-    """Copy the job into a staging dir, world-readable (symlinks are copied as links: inside
-    the sandbox they resolve against its own, nearly empty, filesystem)."""
-    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    """Copy the job into the staging dir, world-readable. Symlinks stay links: inside the
+    sandbox they resolve against its own, nearly empty, filesystem."""
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    os.chmod(dst, 0o755)
     for base, dirs, files in os.walk(dst):
         for name in dirs:
             with contextlib.suppress(OSError):
@@ -151,10 +188,13 @@ def _copy_job(src: Path, dst: Path) -> None:
 
 
 class JobTaskSource:
-    """A job's tasks and rubric, served from a sandboxed child. Use as a context manager."""
+    """A job's tasks and rubric, served from a sandboxed child. Use as a context manager.
+
+    The constructor only stages the job; the child starts on first use (`start`, or any of the
+    data methods), so a caller can do other work while the host gets ready."""
 
     def __init__(self, job_dir: Path | str, *, limits: Limits = TRAIN_LIMITS,
-                 timeouts: Timeouts = Timeouts(), warm: bool = False,
+                 timeouts: Timeouts = Timeouts(), warm: bool = True,
                  max_tasks: int = MAX_TASKS, package: str | None = None):
         self.job_dir = Path(job_dir).resolve()
         self.package = package or read_layout(self.job_dir).package
@@ -162,17 +202,35 @@ class JobTaskSource:
         self.timings: dict[str, float] = {}
         self.info: dict = {}
         self._tasks: list[dict] | None = None
-        self._imported = False
-        host = _take_spare(limits) if warm else None
-        if host is not None:
-            _copy_job(self.job_dir, host.stage)
-        else:
-            host = _spawn(self.job_dir, limits)
-        self._host = host
+        self._imported = self._opened = self._broken = False
+        self._zygote = _acquire(limits, warm)
+        self._staged = self._zygote.stage / uuid.uuid4().hex
+        try:
+            _copy_job(self.job_dir, self._staged)
+        except OSError as exc:
+            _release(self._zygote, keep=True)
+            raise TaskSourceError("host", f"could not stage the job: {exc}") from None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        self._host.close()
+        z, self._zygote = self._zygote, None
+        if z is None:
+            return
+        keep = not self._broken and z.alive
+        if keep:
+            # End the job's child, then check that the reply stream is in step (a job that
+            # wrote stray lines on the protocol would desynchronise the next job): a zygote
+            # that fails either is not reused.
+            nonce = uuid.uuid4().hex
+            try:
+                ended = z.process.request({"cmd": "end"}, timeout_s=self.timeouts.end_s)
+                echo = z.process.request({"cmd": "hello", "nonce": nonce},
+                                         timeout_s=self.timeouts.end_s)
+                keep = bool(ended.get("ended")) and echo.get("nonce") == nonce
+            except SandboxError:
+                keep = False
+        shutil.rmtree(self._staged, ignore_errors=True)
+        _release(z, keep)
 
     def __enter__(self) -> JobTaskSource:
         return self
@@ -180,34 +238,62 @@ class JobTaskSource:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
     def stderr_tail(self, n_chars: int = 1500) -> str:
-        return self._host.process.stderr_tail(n_chars)
+        return self._zygote.process.stderr_tail(n_chars) if self._zygote else ""
 
     def _request(self, stage: str, obj: dict, timeout_s: float) -> dict:
+        """One request to the job's child. The child enforces `timeout_s` itself (it dies of
+        SIGALRM and the zygote says so); the sandbox's own timeout, a little later, is the
+        backstop for a job that blocks the alarm, and costs the zygote."""
+        if self._zygote is None:
+            raise TaskSourceError(stage, "the task source is closed")
         t0 = time.perf_counter()
         try:
-            reply = self._host.process.request(obj, timeout_s=timeout_s)
+            reply = self._zygote.process.request({**obj, "timeout_s": timeout_s},
+                                                 timeout_s=timeout_s + GRACE_S)
         except SandboxError as exc:
+            self._broken = True
             raise TaskSourceError(stage, _explain(stage, str(exc), timeout_s)) from None
         finally:
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - t0
         if not reply.get("ok"):
-            raise TaskSourceError(str(reply.get("stage", stage)), str(reply.get("error", reply)))
+            got, error = str(reply.get("stage", stage)), str(reply.get("error", reply))
+            if got == "died":  # the zygote reaped the child and is ready for another job
+                self._opened, got = False, stage
+                if error == "timeout":
+                    raise TaskSourceError(stage, _explain(stage, "did not reply within", timeout_s))
+            raise TaskSourceError(got, _limit_hint(error, self.limits))
         return reply
 
     # -- the job -----------------------------------------------------------------------------
     def start(self) -> dict:
-        """Wait for the child to be up (the interpreter and verifiers imported)."""
-        if not self._host.hello:
-            self._host.hello = self._request("host", {"cmd": "hello"}, self.timeouts.start_s)
-        return self._host.hello
+        """Wait for the host to be up and open this job in a fresh child."""
+        if not self._opened:
+            t0 = time.perf_counter()
+            try:
+                hello = self._zygote.wait_ready(self.timeouts.start_s)
+            except SandboxError as exc:
+                self._broken = True
+                raise TaskSourceError("host", _explain("host", str(exc),
+                                                       self.timeouts.start_s)) from None
+            finally:
+                self.timings["host"] = time.perf_counter() - t0
+            self._request("host", {"cmd": "job", "dir": self._zygote.path_inside(self._staged)},
+                          self.timeouts.start_s)
+            self._opened = True
+            self.info["host"] = hello
+        return self.info["host"]
 
     def import_env(self) -> dict:
         """Import the env package; returns its Taskset/Task class names and reward names."""
         if not self._imported:
             self.start()
-            self.info = self._request("import", {"cmd": "import", "package": self.package},
-                                      self.timeouts.import_s)
+            self.info.update(self._request("import", {"cmd": "import", "package": self.package},
+                                           self.timeouts.import_s))
             self._imported = True
         return self.info
 
@@ -261,11 +347,21 @@ class JobTaskSource:
         return [float(r) for r in batch.rewards]
 
 
+def _limit_hint(message: str, limits: Limits) -> str:
+    if "CPU time limit" in message:
+        return f"{message}: over {limits.cpu_s} s of CPU"
+    if "memory or CPU limit" in message:
+        return f"{message}: at most {limits.memory_mb} MiB of memory, {limits.cpu_s} s of CPU"
+    if "MemoryError" in message:
+        return f"{message} (the sandbox allows {limits.memory_mb} MiB)"
+    return message
+
+
 def _explain(stage: str, sandbox_message: str, timeout_s: float) -> str:
     what = {"host": "starting the sandboxed host", "import": "importing the env package",
             "load": "load()", "score": "scoring"}.get(stage, stage)
     first, _, rest = sandbox_message.partition("\n")
-    if "did not reply within" in first:
+    if "did not reply within" in first or "did not read its request" in first:
         return (f"{what} did not finish within {timeout_s:g} s (killed); look for an endless "
                 f"loop or slow work there" + (f"\n{rest}" if rest else ""))
     return f"{what}: the sandboxed process {first.removeprefix(HOST_NAME + ' ')}" + (

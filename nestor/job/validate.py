@@ -28,7 +28,7 @@ from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig, JobConfigError, l
 from nestor.job.dryrun import render_prompt, rollouts, tokenizer_for
 from nestor.job.layout import DATA, JobLayout, LayoutError, read_layout
 from nestor.job.rubric_probe import RubricProbe, probe_replies
-from nestor.job.tasksource import JobTaskSource, TaskSourceError, Timeouts, prewarm
+from nestor.job.tasksource import JobTaskSource, TaskSourceError, Timeouts
 from nestor.sandbox import Limits, SandboxError
 from nestor.tasks import TaskSpec
 
@@ -75,29 +75,26 @@ class _Report:
 
 
 def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
-                 warm: bool = True, keep_warm: bool = False,
-                 dry_run: bool = True) -> ValidationReport:
+                 warm: bool = True, dry_run: bool = True,
+                 timeouts: Timeouts = PROBE_TIMEOUTS) -> ValidationReport:
     """Run every check on the job in `job_dir` for the task `spec`. Never raises for anything
-    the job contains. `warm` takes a prewarmed sandbox host if one is waiting; `keep_warm`
-    starts one for the next call (callers that validate again soon, like an episode, want it:
-    the child's start-up then happens while the agent works)."""
+    the job contains. `warm` reuses an idle sandboxed host (kept from the last probe, or
+    started ahead by `nestor.job.tasksource.prewarm(PROBE_LIMITS)` while the agent works)."""
     t0 = time.perf_counter()
     report = _Report()
     try:
-        _validate(Path(job_dir), spec, token_budget, warm, dry_run, report)
+        _validate(Path(job_dir), spec, token_budget, warm, dry_run, timeouts, report)
     except Exception as exc:  # a bug of ours must not take the episode down with it
         log.exception("validation probe crashed")
         report.add("probe", False, f"the probe itself failed ({type(exc).__name__}: {exc}); "
                    "this is not your job's fault — resubmit")
-    if keep_warm:
-        prewarm(PROBE_LIMITS)
     checks = report.checks
     return ValidationReport(passed=bool(checks) and all(c.ok for c in checks), checks=checks,
                             elapsed_s=round(time.perf_counter() - t0, 3))
 
 
 def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_run: bool,
-              report: _Report) -> None:
+              timeouts: Timeouts, report: _Report) -> None:
     try:
         layout = read_layout(job_dir)
     except LayoutError as exc:
@@ -107,9 +104,10 @@ def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_
     report.add("files", True, f"config.toml, {DATA}, env/pyproject.toml, env/{layout.package}/")
     # The child imports verifiers (seconds) while we check files and load the base model.
     try:
-        source = JobTaskSource(layout.root, limits=PROBE_LIMITS, timeouts=PROBE_TIMEOUTS,
+        source = JobTaskSource(layout.root, limits=PROBE_LIMITS, timeouts=timeouts,
                                warm=warm, package=layout.package)
-    except SandboxError as exc:
+    except (SandboxError, TaskSourceError) as exc:
+        _trusted_checks(job_dir, layout, token_budget, report)
         report.add("imports", False, f"could not start the sandbox: {exc}")
         return
     with source:
@@ -212,10 +210,9 @@ def _sandbox_checks(source: JobTaskSource, spec: TaskSpec, config: JobConfig | N
         return
     if not _check_tasks(tasks, source, report):
         return
-    if config is not None:
-        _check_context(tasks, spec, config, tokenizer, report)
+    fits = config is not None and _check_context(tasks, config, tokenizer, report)
     valid = _rubric_checks(source, tasks, spec, report)
-    if dry_run and valid and config is not None:
+    if dry_run and valid and fits:
         _dry_run(source, tasks, config, report)
 
 
@@ -237,12 +234,10 @@ def _check_tasks(tasks: list[dict], source: JobTaskSource, report: _Report) -> b
                       f"in {source.timings.get('load', 0):.2f} s")
 
 
-def _check_context(tasks: list[dict], spec: TaskSpec, config: JobConfig, tokenizer,
-                   report: _Report) -> None:
+def _check_context(tasks: list[dict], config: JobConfig, tokenizer, report: _Report) -> bool:
     limit = _context_length(config.base_model)
     if tokenizer is None or limit is None:
-        report.add("context", True, f"skipped: no tokenizer for {config.base_model} here")
-        return
+        return report.add("context", True, f"skipped: no tokenizer for {config.base_model} here")
     # Token counts grow with characters, so the longest prompts by characters are the ones to
     # measure exactly.
     longest = sorted(range(len(tasks)), key=lambda i: -len(tasks[i]["prompt"]))[:16]
@@ -253,11 +248,10 @@ def _check_context(tasks: list[dict], spec: TaskSpec, config: JobConfig, tokeniz
             worst, worst_i = n, i
     need = worst + config.max_new_tokens
     if need > limit:
-        report.add("context", False, f"task {worst_i}'s prompt is {worst} tokens; with "
-                   f"max_new_tokens={config.max_new_tokens} that is {need}, over "
-                   f"{config.base_model}'s context of {limit}; shorten the prompts")
-        return
-    report.add("context", True, f"longest prompt {worst} tokens + {config.max_new_tokens} new "
+        return report.add("context", False, f"task {worst_i}'s prompt is {worst} tokens; with "
+                          f"max_new_tokens={config.max_new_tokens} that is {need}, over "
+                          f"{config.base_model}'s context of {limit}; shorten the prompts")
+    return report.add("context", True, f"longest prompt {worst} tokens + {config.max_new_tokens} new "
                f"≤ {limit}")
 
 

@@ -11,6 +11,7 @@ tool calls, Python and TOML keeps an LM agent on a tiny model producing well-for
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from nestor.tasks import TaskRef, TaskRegistry
 class CorpusMix:
     """Shares of document kinds; the rest are paraphrased single rows and lists."""
 
-    test_format_share: float = 0.06  # chat rows in the exact test format
-    tool_share: float = 0.04  # tool-call / code / TOML chats
+    test_format_share: float = 0.08  # chat rows in the exact test format
+    tool_share: float = 0.02  # tool-call / code / TOML chats
     list_share: float = 0.25  # plain lists of 3-6 rows of one skill
     hard_share: float = 0.2  # rows drawn at difficulty 1 (longer inputs)
 
@@ -171,15 +172,17 @@ def tool_document(refs: list[TaskRef], rng: random.Random) -> str:
 
 def build_corpus(n_docs: int, seed: int = 0, mix: CorpusMix | None = None,
                  registry: TaskRegistry | None = None) -> list[str]:
-    """`n_docs` documents, skills evenly mixed (held-out family included), deterministic."""
+    """`n_docs` documents over all skills (held-out family included); deterministic in `seed`."""
     mix = mix or CorpusMix()
     refs = (registry or TaskRegistry()).tasks(include_heldout=True)
     rng = random.Random(f"nestor-corpus:{seed}")
+    # Skills with longer answers need more practice: weight ~ sqrt(answer budget).
+    weights = [math.sqrt(ref.task.max_new_tokens) for ref in refs]
     docs = []
-    for i in range(n_docs):
+    for _ in range(n_docs):
         if rng.random() < mix.tool_share:
             docs.append(tool_document(refs, rng))
         else:
-            docs.append(task_document(refs[i % len(refs)], rng, mix))
+            docs.append(task_document(rng.choices(refs, weights)[0], rng, mix))
     rng.shuffle(docs)
     return docs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,8 +121,18 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 
 def load_model(name_or_path: str | os.PathLike, device: str = "cpu", dtype=None):
     """(model in eval mode on `device`, tokenizer). `dtype` defaults to the checkpoint's."""
-    from transformers import AutoModelForCausalLM
+    with _LOAD_LOCK:  # from_pretrained (meta-device init, lazy imports) is not thread-safe
+        return _load_model(name_or_path, device, dtype)
 
+
+_LOAD_LOCK = threading.RLock()
+
+
+def _load_model(name_or_path, device, dtype):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per load is noise in workers and tests
     path = resolve_model_dir(name_or_path)
     tokenizer = load_tokenizer(path)
     try:
@@ -133,6 +144,7 @@ def load_model(name_or_path: str | os.PathLike, device: str = "cpu", dtype=None)
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     model.to(device)
     model.eval()
+    model.nestor_tokenizer = tokenizer  # lets the sampler decode without being handed one
     return model, tokenizer
 
 

@@ -72,6 +72,43 @@ def summarize(rec: Any, run_dir: Path) -> EpisodeSummary:
                           components=components, info=info)
 
 
+def ledger_episodes(ledger, run_dir: Path) -> list[EpisodeSummary]:
+    """Finished episodes of this loop as recorded in the ledger (group_id "G:SLOT").
+
+    A resume reuses them: an episode that finished just before a kill, after the ledger
+    recorded it but before the loop's journal did, is not run again.
+    """
+    from nestor.policy.base import Turn
+
+    out = []
+    for row in ledger.episodes(status="done"):
+        gid, sep, slot = (row.get("group_id") or "").partition(":")
+        if not sep or not gid.isdigit() or not slot.isdigit():
+            continue
+        full = ledger.episode(row["id"])
+        turns = [Turn.from_dict(t) for t in full["turns"] if t["role"] == "assistant"]
+        job_dir = run_dir / "episodes" / row["id"] / "job"
+        info: dict[str, Any] = {
+            "episode_id": row["id"], "attempts": row["attempts"],
+            "validated": any(r["passed"] for r in full["reports"]),
+            "end_reason": row["end_reason"],
+            "malformed_calls": sum(1 for t in turns if t.parse_error),
+            "knobs_changed": knobs_changed(job_dir) if job_dir.is_dir() else None,
+            "cost_usd": 0.0}
+        results = [j["result"] for j in full["jobs"] if j["result"]]
+        if results:
+            res = results[-1]
+            info.update(job_status=res["status"], improvement=res.get("improvement"),
+                        base_model=res.get("base_model"), job_wall_s=res.get("wall_s"),
+                        cost_usd=float(res.get("cost_usd") or 0.0))
+        components = {k: float(v) for k, v in (row["components"] or {}).items()
+                      if isinstance(v, int | float) and not isinstance(v, bool)}
+        out.append(EpisodeSummary(int(gid), int(slot), row["task_id"], float(row["reward"]),
+                                  row["policy_version"], turns, components, info,
+                                  finished_at=float(row["finished"] or 0.0)))
+    return out
+
+
 def make_episode_fn(config: RunConfig, registry, pool, ledger, run_dir: Path):
     """(policy, ticket) -> EpisodeSummary running one real episode on the ticket's task."""
     from nestor.agent.episode import run_episode

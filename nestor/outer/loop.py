@@ -62,6 +62,7 @@ class SerializedPolicy:
     def __init__(self, policy):
         self._policy = policy
         self._lock = threading.Lock()
+        self.closed = False  # set when the run ends: episodes still running stop at their next turn
 
     @property
     def name(self) -> str:
@@ -72,6 +73,8 @@ class SerializedPolicy:
         return self._policy.version
 
     def act(self, obs: Observation) -> Turn:
+        if self.closed:
+            raise RuntimeError("the training run has ended")
         with self._lock:
             return self._policy.act(obs)
 
@@ -121,8 +124,9 @@ class OuterLoop:
 
     # ---- resume -------------------------------------------------------------------------
 
-    def resume(self) -> bool:
-        """Restore the latest checkpoint and reuse journaled episodes. False if none."""
+    def resume(self, recorded: list[EpisodeSummary] = ()) -> bool:
+        """Restore the latest checkpoint and reuse finished episodes: the journal's, then any
+        in `recorded` (e.g. from the ledger) that the journal missed. False if nothing."""
         ckpt = latest_checkpoint(self.run_dir)
         state: dict[str, Any] = {}
         if ckpt is not None:
@@ -139,8 +143,12 @@ class OuterLoop:
         self.metrics_path.write_text("".join(_dumps(r) + "\n" for r in rows), encoding="utf-8")
         self.rows = rows
         reused = 0
-        for rec in read_jsonl(self.journal):
-            ep = EpisodeSummary.from_json(rec)
+        journaled = [EpisodeSummary.from_json(rec) for rec in read_jsonl(self.journal)]
+        seen = {(ep.group_id, ep.slot) for ep in journaled}
+        missed = [ep for ep in recorded if (ep.group_id, ep.slot) not in seen]
+        for ep in missed:  # journal them now, so the journal stays the complete record
+            append_jsonl(self.journal, ep.to_json())
+        for ep in [*journaled, *missed]:
             self.cost_total += float(ep.info.get("cost_usd", 0.0) or 0.0)
             if ep.group_id in self.consumed:
                 continue
@@ -177,9 +185,12 @@ class OuterLoop:
         return sorted(done, key=lambda g: max(ep.finished_at for ep in g.episodes.values()))
 
     def _groups_wanted(self) -> int:
-        """Groups still to start so that the remaining steps can be fed (no wasted episodes)."""
-        remaining = (self.config.steps - self.step) * self.config.groups_per_step
-        return remaining - len(self.groups)
+        """Groups still to start: enough for the remaining steps plus one in-flight window, so
+        the pool stays busy to the end while at most max_in_flight episodes go unused."""
+        cfg = self.config
+        remaining = (cfg.steps - self.step) * cfg.groups_per_step
+        window = -(-cfg.max_in_flight // cfg.group_size)
+        return remaining + window - len(self.groups)
 
     def _next_ticket(self) -> EpisodeTicket | None:
         for group in sorted(self.groups.values(), key=lambda g: g.group_id):
@@ -304,7 +315,22 @@ class OuterLoop:
                 self.progress(self.snapshot())
         if self.progress is not None:
             self.progress(self.snapshot())
+        self.policy.closed = True
         return self.rows
+
+    def join(self, timeout_s: float = 30.0) -> int:
+        """Wait (bounded) for episodes still running after the last step; they stop at their
+        next policy turn, or when the pool's shutdown resolves their job. Returns how many are
+        still running (their results are not used)."""
+        self.policy.closed = True
+        deadline = time.monotonic() + timeout_s
+        while self._running and time.monotonic() < deadline:
+            try:
+                ticket, _, _ = self._results.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self._running.pop((ticket.group_id, ticket.slot), None)
+        return len(self._running)
 
 
 def _dumps(row: dict[str, Any]) -> str:

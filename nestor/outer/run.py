@@ -47,7 +47,7 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
           progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train (or resume) a run in `run_dir`; returns summarize_run(run_dir)."""
     from nestor.ledger import Ledger
-    from nestor.outer.episodes import make_episode_fn, make_policy
+    from nestor.outer.episodes import ledger_episodes, make_episode_fn, make_policy
     from nestor.pool.base import make_pool
     from nestor.tasks import TaskRegistry
 
@@ -62,16 +62,19 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
     policy = make_policy(config)
     ledger = Ledger(run_dir)
     pool = MeteredPool(make_pool(config.pool_config()))
-    try:
-        def on_step(row: dict[str, Any], ckpt: Path) -> None:
-            ledger.add_policy_version(policy.name, row["policy_version"], path=str(ckpt),
-                                      metrics={k: v for k, v in row.items() if k != "train"})
 
-        loop = OuterLoop(config, policy, make_episode_fn(config, registry, pool, ledger, run_dir),
-                         run_dir, pool=pool, progress=progress, on_step=on_step)
+    def on_step(row: dict[str, Any], ckpt: Path) -> None:
+        ledger.add_policy_version(policy.name, row["policy_version"], path=str(ckpt),
+                                  metrics={k: v for k, v in row.items() if k != "train"})
+
+    loop = OuterLoop(config, policy, make_episode_fn(config, registry, pool, ledger, run_dir),
+                     run_dir, pool=pool, progress=progress, on_step=on_step)
+    try:
         if resume:
-            loop.resume()
+            loop.resume(ledger_episodes(ledger, run_dir))
         loop.run()
     finally:
-        pool.shutdown()
+        loop.policy.closed = True
+        pool.shutdown()  # jobs of episodes past the last step resolve as 'lost'
+        loop.join(timeout_s=20.0)
     return summarize_run(run_dir)

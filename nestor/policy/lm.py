@@ -19,6 +19,7 @@ ratio (clipped to [1-c, 1+c]).
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,9 @@ class LMPolicy:
                    if any(n.endswith(t) for n, _ in model.named_modules())]
         lora = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0,
                           target_modules=targets or None)
-        self.model = get_peft_model(model, lora)
+        with warnings.catch_warnings():  # peft touches a deprecated transformers property
+            warnings.simplefilter("ignore", FutureWarning)
+            self.model = get_peft_model(model, lora)
         self.model.eval()  # no dropout anywhere: sampler and trainer see the same function
         self.tokenizer = tokenizer
         self.temperature = temperature

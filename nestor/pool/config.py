@@ -28,11 +28,13 @@ class WorkerType(BaseModel):
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="Short id, e.g. 'a40'.")
     price_per_hour: float = Field(0.0, ge=0.0, le=1000.0, description="Dollars per worker-hour.")
-    num_cpus: float = Field(1.0, ge=0.0, le=256.0, description="Ray CPUs per worker (ignored locally).")
-    num_gpus: float = Field(0.0, ge=0.0, le=16.0, description="Ray GPUs per worker (ignored locally).")
+    num_cpus: float = Field(1.0, ge=0.0, le=256.0,
+                            description="Ray CPUs per worker (ignored locally).")
+    num_gpus: float = Field(0.0, ge=0.0, le=16.0,
+                            description="Ray GPUs per worker (ignored locally).")
     resources: dict[str, float] = Field(
-        default_factory=dict, description="Ray custom resources per worker, e.g. {'worker:a40': 1}; "
-        "only nodes that advertise them host this type.")
+        default_factory=dict, description="Ray custom resources per worker, e.g. "
+        "{'worker:a40': 1}; only nodes that advertise them host this type.")
     models: list[str] = Field(
         default_factory=list, description="Base models this type can run; empty = any.")
     max_workers: int = Field(1, ge=1, le=1024, description="Most workers of this type at once.")
@@ -51,16 +53,18 @@ class PoolConfig(BaseModel):
     worker_types: list[WorkerType] = Field(
         default_factory=list, description="Kinds of worker with prices; empty = one free type "
         "('local' or 'ray-cpu') that runs any model.")
-    address: str = Field("auto", description="Ray cluster: 'auto', 'host:port' or 'ray://host:port'.")
-    connect_timeout_s: float = Field(10.0, gt=0, le=300, description="Give up reaching Ray after this.")
+    address: str = Field("auto",
+                         description="Ray cluster: 'auto', 'host:port' or 'ray://host:port'.")
+    connect_timeout_s: float = Field(10.0, gt=0, le=300,
+                                     description="Give up reaching Ray after this many seconds.")
     job_fn: str = Field(DEFAULT_JOB_FN, description="'module:function' each worker runs per job.")
     warm_state: str | None = Field(
         DEFAULT_WARM_STATE, description="'module:Class' built once per worker and passed to every "
         "job as warm= (loaded models, tokenizers, pre-scores); None = no warm state.")
     max_retries: int = Field(2, ge=0, le=10, description="Re-runs of a job whose worker died.")
     timeout_grace_s: float = Field(
-        30.0, ge=0.0, le=3600, description="Seconds past a job's own timeout_s before the pool kills "
-        "its worker (the job may stop itself cleanly first).")
+        30.0, ge=0.0, le=3600, description="Seconds past a job's own timeout_s before the pool "
+        "kills its worker (the job may stop itself cleanly first).")
     placement_timeout_s: float = Field(
         600.0, gt=0, le=86400, description="A job that only absent worker types (no node offers "
         "their resources) can run fails after waiting this long for one to join.")

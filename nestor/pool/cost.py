@@ -25,7 +25,8 @@ def job_cost(worker_type: WorkerType, seconds: float) -> float:
 class MatrixEntry(BaseModel):
     worker_type: str
     base_model: str
-    seconds: float = Field(..., ge=0, description="Wall seconds of the reference job on one worker.")
+    seconds: float = Field(..., ge=0,
+                           description="Wall seconds of the reference job on one worker.")
     dollars: float = Field(..., ge=0, description="seconds x price_per_hour / 3600.")
     status: str = Field("ok", description="The reference job's status; only 'ok' rows rank types.")
 

@@ -94,10 +94,11 @@ def measure_matrix(config: PoolConfig, job_dir: Path, task_id: str, models: list
                         cells[-1] = (t, _done(cells[-1][1]))
                 for t, fut in cells:
                     r = fut.result()
+                    why = "" if r.status == "ok" else (r.log_tail.splitlines() or [""])[-1]
                     emit({"worker_type": t.name, "base_model": model, "status": r.status,
                           "seconds": round(r.wall_s, 3),
                           "dollars": round(job_cost(t, r.wall_s), 6),
-                          "note": "" if r.status == "ok" else (r.log_tail.splitlines() or [""])[-1]})
+                          "note": why})
     finally:
         pool.shutdown()
     entries = [MatrixEntry(worker_type=r["worker_type"], base_model=r["base_model"],

@@ -43,6 +43,7 @@ class Pod:
     status: str = "RUNNING"
     cost_per_hr: float | None = None
     uptime_s: float | None = None
+    ready: bool = True  # the container is up (Runpod reports a runtime); False while booting
 
     @property
     def alive(self) -> bool:
@@ -138,7 +139,8 @@ class RunpodApi:
             env=spec.env or None, ports=spec.ports)
         if not raw or not raw.get("id"):
             raise StockOutError(f"Runpod deployed nothing for {spec.gpu_type_id}")
-        return Pod(id=raw["id"], name=spec.name, gpu_type_id=spec.gpu_type_id, status="CREATED")
+        return Pod(id=raw["id"], name=spec.name, gpu_type_id=spec.gpu_type_id, status="CREATED",
+                   ready=False)
 
     def list(self) -> list[Pod]:
         return [self._pod(p) for p in self._call(self._rp.get_pods) or []]
@@ -172,4 +174,5 @@ class RunpodApi:
         return Pod(id=raw["id"], name=raw.get("name") or "",
                    gpu_type_id=machine.get("gpuDisplayName"),
                    status=(raw.get("desiredStatus") or "UNKNOWN").upper(),
-                   cost_per_hr=raw.get("costPerHr"), uptime_s=raw.get("uptimeSeconds"))
+                   cost_per_hr=raw.get("costPerHr"), uptime_s=raw.get("uptimeSeconds"),
+                   ready=raw.get("runtime") is not None)

@@ -77,8 +77,8 @@ class RunpodConfig(BaseModel):
                                 "(e.g. HF_TOKEN); values must not contain quotes.")
     idle_timeout_s: float = Field(600, ge=0, description="Demand below the pod count for this "
                                   "long terminates the surplus (most expensive first).")
-    boot_timeout_s: float = Field(900, gt=0, description="A pod not RUNNING after this is "
-                                  "counted as dead and replaced.")
+    boot_timeout_s: float = Field(900, gt=0, description="A pod whose container is not up "
+                                  "after this is counted as dead and replaced.")
     poll_s: float = Field(30, gt=0, description="Seconds between reconciliation ticks.")
     cap_horizon_s: float = Field(600, ge=0, description="A new pod is refused unless the cap "
                                  "covers every alive pod, itself included, for this long more.")
@@ -265,7 +265,7 @@ class Provisioner:
                 continue  # a pod just created may not be listed yet
             if pod is None or not pod.alive:
                 self._terminate(row, "died")
-            elif pod.status != "RUNNING" and now - row.created_at > self.config.boot_timeout_s:
+            elif not pod.ready and now - row.created_at > self.config.boot_timeout_s:
                 self._terminate(row, "boot-timeout")
 
     def _enforce_cap(self) -> bool:
@@ -298,6 +298,8 @@ class Provisioner:
 
     def _create_one(self, order: list[PodType], out: set[str],
                     prices: dict[str, float]) -> Pod | None:
+        if self.closed:  # a signal handler shut us down mid-tick
+            return None
         for pod_type in order:
             if pod_type.gpu_type_id in out:
                 continue

@@ -223,7 +223,8 @@ class ScheduledPool:
             try:
                 result = JobResult.model_validate_json(payload)
             except ValueError as exc:
-                result = JobResult(status="failed", log_tail=f"worker sent an unreadable result: {exc}")
+                result = JobResult(status="failed",
+                                   log_tail=f"worker sent an unreadable result: {exc}")
             result.worker = slot.name
             self._finish(job, result)
         elif kind in ("died", "error"):

@@ -3,10 +3,10 @@
 Backends, strongest first:
 - "bubblewrap": `prlimit … bwrap … setpriv … argv`. New pid/net/ipc/uts/cgroup namespaces, an
   empty root with read-only /usr, the interpreter prefix and the venv, the caller's read-only
-  binds, private tmpfs /tmp, minimal /proc and /dev, and an unprivileged uid (so RLIMIT_NPROC
-  is enforced: the kernel exempts root from it).
-- "unshare": `prlimit … [setpriv …] unshare --net … argv`: no network, but the host filesystem is
-  visible (read permission permitting) and binds cannot be remapped.
+  binds, private tmpfs /tmp, minimal /proc and /dev, a seccomp filter (seccomp.py), and an
+  unprivileged uid (so RLIMIT_NPROC is enforced: the kernel exempts root from it).
+- "unshare": `prlimit … unshare --net --pid … [setpriv …] argv`: no network, but the host
+  filesystem is visible (read permission permitting) and binds cannot be remapped.
 - "rlimits": `prlimit … [setpriv …] argv`: resource limits only.
 
 rlimits are set by the `prlimit` wrapper rather than a `preexec_fn`, so spawning is safe from a
@@ -41,6 +41,9 @@ UID_RANGE = (200_000, 265_000)
 
 Binds = Mapping[str | os.PathLike, str] | Sequence[str | os.PathLike | tuple[str, str]] | None
 
+# `--pid --fork --kill-child`: when unshare dies (group kill), the namespace's init dies and
+# takes every process in it along, including ones that left the process group.
+UNSHARE_ARGS = ("unshare", "--net", "--pid", "--fork", "--kill-child", "--")
 _RESERVED = ("/usr", "/proc", "/dev", "/etc", "/bin", "/lib", "/lib64", "/sbin")
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
               "/etc/ssl/certs", "/etc/mime.types")
@@ -254,6 +257,11 @@ def detect_backend() -> str:
     why = _probe(bubblewrap=True)
     if why is None:
         return "bubblewrap"
+    if seccomp.supported() and _probe(bubblewrap=True, with_seccomp=False) is None:
+        _SECCOMP_BROKEN.append(why)
+        log.warning("bubblewrap rejects the seccomp filter (%s): sandboxes run without it "
+                    "(children may create user namespaces)", why)
+        return "bubblewrap"
     backend = "unshare" if _probe(bubblewrap=False) is None else "rlimits"
     uid_note = "" if os.geteuid() != 0 or world_accessible(sys.executable) else (
         "; the child keeps uid 0 (the interpreter is not readable by other users), so "
@@ -264,14 +272,22 @@ def detect_backend() -> str:
     return backend
 
 
-def _probe(*, bubblewrap: bool) -> str | None:
+_SECCOMP_BROKEN: list[str] = []  # set once by detect_backend
+
+
+def seccomp_fd() -> int | None:
+    """A fresh memfd with the seccomp filter for one bwrap child, or None where not used."""
+    return None if _SECCOMP_BROKEN else seccomp.filter_fd()
+
+
+def _probe(*, bubblewrap: bool, with_seccomp: bool = True) -> str | None:
     """None if the backend can run the interpreter, else a short reason."""
     cmd = [sys.executable, "-S", "-c", "pass"]
     try:
         if bubblewrap:
             if not shutil.which("bwrap"):
                 return "bwrap not installed (apt-get install bubblewrap)"
-            fd = seccomp.filter_fd()
+            fd = seccomp.filter_fd() if with_seccomp else None
             pre = bwrap_args([], Limits(), "/tmp", fd)
             if os.geteuid() == 0:
                 pre += setpriv_args(pick_uid())
@@ -284,7 +300,7 @@ def _probe(*, bubblewrap: bool) -> str | None:
         else:
             if not shutil.which("unshare"):
                 return "unshare not installed"
-            pre = [_tool("unshare"), "--net", "--"]
+            pre = [_tool("unshare"), *UNSHARE_ARGS[1:]]
             proc = subprocess.run(pre + cmd, capture_output=True, timeout=30,
                                   env=sandbox_env({}))
     except (OSError, subprocess.SubprocessError) as e:

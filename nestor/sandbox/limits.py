@@ -18,7 +18,7 @@ class Limits(BaseModel):
     cpu_s: int = Field(30, ge=1, le=86_400, description="CPU seconds per process (RLIMIT_CPU).")
     memory_mb: int = Field(
         2048, ge=64, le=1_048_576,
-        description="Address space per process in MiB (RLIMIT_AS); also caps the private /tmp.")
+        description="Address space per process in MiB (RLIMIT_AS).")
     nproc: int = Field(
         64, ge=1, le=65_536,
         description="Processes + threads the sandbox user may own (RLIMIT_NPROC).")

@@ -85,7 +85,7 @@ def test_step_log_parses_prime_rl_lines():
 
 
 @pytest.mark.slow
-def test_launch_follow_merge_and_score(job, tmp_path):
+def test_launch_follow_merge_and_score(job, tmp_path, monkeypatch):
     """One full run: install, launch, follow the steps, merge the LoRA adapter prime-rl wrote
     onto the base, and score the merged weights with the trusted scorer."""
     from safetensors.torch import load_file
@@ -93,6 +93,7 @@ def test_launch_follow_merge_and_score(job, tmp_path):
     from nestor.inner.prime_rl import trusted_score
     from nestor.models.registry import resolve_model_dir
 
+    monkeypatch.setenv("NESTOR_CACHE", str(tmp_path / "cache"))  # the pre-score cache
     with (job / "config.toml").open("a") as fh:
         fh.write("lora_rank = 4\nlora_alpha = 8\n")
     scored, steps = [], []
@@ -129,6 +130,7 @@ def test_launch_follow_merge_and_score(job, tmp_path):
     # Scored in this process, on the merged checkpoint (with the base tokenizer added).
     assert scored == [str(ckpt)] and (ckpt / "tokenizer.json").is_file()
     assert 0.0 <= res.pre_score <= 1.0 and 0.0 <= res.post_score <= 1.0
+    assert list((tmp_path / "cache").rglob("*.json"))  # the base model's score was cached
     assert res.improvement == pytest.approx(res.post_score - res.pre_score)
 
 
@@ -206,3 +208,29 @@ def test_bad_job_config_is_invalid(job, tmp_path):
     (job / "config.toml").write_text("learning_rate = 'fast'\n")
     res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path))
     assert res.status == "invalid" and "learning_rate" in res.log_tail
+
+
+def test_pool_entry_point_reads_nestor_toml(job, tmp_path, monkeypatch):
+    """`job_fn = "nestor.inner.prime_rl:run_job"`: the worker's [prime_rl] table configures it."""
+    from nestor.inner.prime_rl import run_job
+
+    monkeypatch.chdir(tmp_path)
+    cfg = fake_config(tmp_path, "crash")
+    (tmp_path / "nestor.toml").write_text(tomli_w.dumps({"prime_rl": cfg.model_dump()}))
+    res = run_job(request(job, tmp_path), warm=None)
+    assert res.status == "failed" and "CUDA error" in res.log_tail
+    (tmp_path / "elsewhere.toml").write_text("[prime_rl]\nstall_timeout_s = -1\n")
+    monkeypatch.setenv("NESTOR_TOML", str(tmp_path / "elsewhere.toml"))  # as on a pod
+    res = run_job(request(job, tmp_path))
+    assert res.status == "failed" and "stall_timeout_s" in res.log_tail
+
+
+def test_job_code_sees_no_api_keys(job, tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNPOD_API_KEY", "secret")
+    cfg = fake_config(tmp_path)
+    cfg.command = [sys.executable, "-c", "import os, sys; print('key:', os.environ.get("
+                   "'RUNPOD_API_KEY'), 'home:', os.environ.get('FAKE_PRIME_RL_HOME')); "
+                   "sys.exit(3)", "--"]
+    res = run_prime_rl(request(job, tmp_path), cfg)
+    assert res.status == "failed" and "exited with code 3" in res.log_tail
+    assert f"key: None home: {tmp_path / 'prime-env'}" in res.log_tail

@@ -140,3 +140,18 @@ def test_save_load_round_trip(tmp_path):
     fresh.load(tmp_path / "composer.pt")
     assert fresh.version == comp.version == 3
     assert fresh.probabilities("arithmetic") == comp.probabilities("arithmetic")
+
+
+def test_unknown_failures_and_refused_writes_blame_data_and_rubric():
+    comp = Composer(ComposerConfig(seed=6))
+    first = comp.act(_obs("max"))
+    refused = Message("tool", "error: data/train.jsonl: over the 200,000-byte file quota",
+                      tool_call_id="c1")
+    odd = Message("tool", "validation failed\nFAIL imports: env/composed_max failed",
+                  tool_call_id="c4")
+    second = comp.act(_obs("max", first.message, refused, odd))
+    assert {k.partition("@")[0] for k in second.action_keys} == {
+        "data_source", "n_rows", "framing", "rubric", "extract"}
+    # nothing failed (e.g. the submit never ran): submit again without new decisions
+    third = comp.act(_obs("max", first.message, Message("tool", "ok: wrote", tool_call_id="c0")))
+    assert third.action_ids == [] and [c.name for c in third.message.tool_calls] == ["submit"]

@@ -12,10 +12,13 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
 
 
-def tiny_agent(seed: int = 0, **kwargs) -> LMPolicy:
-    """tiny-m when its weights are bundled, else a random tiny Qwen3 with the same tokenizer."""
+def tiny_agent(seed: int = 0, bundled: bool = True, **kwargs) -> LMPolicy:
+    """tiny-m when its weights are bundled (and wanted), else a random tiny Qwen3 with the
+    same char tokenizer and chat template."""
     torch.manual_seed(seed)
     try:
+        if not bundled:
+            raise LookupError
         from nestor.models.registry import load_model
 
         model, tok = load_model("tiny-m")

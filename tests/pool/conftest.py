@@ -83,7 +83,7 @@ def ray_head():
 
     if ray.is_initialized():
         ray.shutdown()
-    for sig, wait_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):  # gcs ignores TERM for long
+    for sig, wait_s in ((signal.SIGTERM, 1), (signal.SIGKILL, 10)):  # gcs ignores TERM for long
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

@@ -32,6 +32,7 @@ from nestor.pool.runpod import (
     RunpodConfig,
     bootstrap_args,
     cost_order,
+    pool_demand,
     reap,
     worker_types,
 )
@@ -81,7 +82,8 @@ class FileCloud:
         return self._edit(go)
 
     def list(self) -> list[Pod]:
-        return [Pod(k, v["name"], v["gpu"], v["status"]) for k, v in self._load()["pods"].items()]
+        return [Pod(k, v["name"], v["gpu"], v["status"], ready=v.get("ready", True))
+                for k, v in self._load()["pods"].items()]
 
     def get(self, pod_id: str) -> Pod | None:
         return next((p for p in self.list() if p.id == pod_id), None)
@@ -102,6 +104,11 @@ class FileCloud:
     def kill(self, pod_id: str, status: str = "EXITED") -> None:
         def go(s):
             s["pods"][pod_id]["status"] = status
+        self._edit(go)
+
+    def stall_boot(self, pod_id: str) -> None:
+        def go(s):
+            s["pods"][pod_id]["ready"] = False
         self._edit(go)
 
     def set_stock(self, gpu: str, n: int) -> None:
@@ -204,6 +211,21 @@ def test_dead_pod_is_terminated_and_replaced(tmp_path):
     assert len(cloud.pods()) == 2 and vanished not in cloud.pods()
 
 
+def test_pod_that_never_boots_is_replaced(tmp_path):
+    clock = Clock()
+    cloud, prov = make(tmp_path, {"NVIDIA A40": 5}, max_pods=1, clock=clock, boot_timeout_s=600)
+    prov.tick()
+    (stuck,) = cloud.pods()
+    cloud.stall_boot(stuck)
+    clock.advance(300)
+    prov.tick()
+    assert list(cloud.pods()) == [stuck]          # still within its boot time
+    clock.advance(400)
+    prov.tick()
+    assert stuck not in cloud.pods() and len(cloud.pods()) == 1
+    assert {r.pod_id: r.end_reason for r in prov.ledger.rows()}[stuck] == "boot-timeout"
+
+
 def test_scales_down_after_idle_timeout_most_expensive_first(tmp_path):
     clock, want = Clock(), [3]
     cloud, prov = make(tmp_path, {"NVIDIA A40": 2, "NVIDIA L40S": 2}, max_pods=4, clock=clock,
@@ -218,6 +240,27 @@ def test_scales_down_after_idle_timeout_most_expensive_first(tmp_path):
     clock.advance(200)
     prov.tick()
     assert gpus(cloud) == ["NVIDIA A40"]
+
+
+def test_demand_follows_the_pool(tmp_path):
+    class Pool:  # the two things pool_demand reads from a ScheduledPool
+        def __init__(self):
+            self.busy, self._pending = 0, []
+
+        def workers(self):
+            return [{"busy": i < self.busy} for i in range(4)]
+
+    pool, clock = Pool(), Clock()
+    cloud, prov = make(tmp_path, {"NVIDIA A40": 9}, max_pods=6, clock=clock,
+                       demand=pool_demand(pool), idle_timeout_s=60)
+    pool.busy, pool._pending = 3, ["job"] * 2
+    prov.tick()
+    assert len(cloud.pods()) == 5
+    pool.busy, pool._pending = 1, []
+    prov.tick()
+    clock.advance(61)
+    prov.tick()
+    assert len(cloud.pods()) == 1
 
 
 def test_spend_cap_refuses_new_pods_and_terminates_when_reached(tmp_path):
@@ -351,7 +394,8 @@ class _GraphQL(BaseHTTPRequestHandler):
             else:
                 name = re.search(r'name: "([^"]+)"', query).group(1)
                 self.pods["p1"] = {"id": "p1", "name": name, "desiredStatus": "RUNNING",
-                                   "costPerHr": 0.44, "machine": {"gpuDisplayName": "A40"}}
+                                   "costPerHr": 0.44, "machine": {"gpuDisplayName": "A40"},
+                                   "runtime": {"ports": []}}
                 body = {"data": {"podFindAndDeployOnDemand": {"id": "p1"}}}
         elif "podTerminate" in query:
             self.pods.pop(re.search(r'podId: "([^"]+)"', query).group(1), None)
@@ -397,7 +441,8 @@ def test_runpod_adapter_speaks_the_sdk(graphql):
                            docker_args=docker_args, env=env))
     pod = api.create(PodSpec(name="nestor-x-1", gpu_type_id="NVIDIA A40", image="img",
                              docker_args=docker_args, env=env))
-    assert [(p.id, p.name, p.alive) for p in api.list()] == [("p1", "nestor-x-1", True)]
+    assert [(p.id, p.name, p.alive, p.ready) for p in api.list()] == [
+        ("p1", "nestor-x-1", True, True)]
     api.terminate(pod.id)
     assert api.list() == []
     with pytest.raises(PodApiError, match="quote"):
@@ -463,3 +508,24 @@ def test_cli_up_terminates_its_pods_on_ctrl_c(graphql, tmp_path):
     assert json.loads(out)["events"][-1] == ["terminated-sigint", "p1"]
     rows = PodLedger(tmp_path / "run").rows()
     assert [(r.pod_id, r.end_reason) for r in rows] == [("p1", "sigint")]
+
+
+def test_the_configs_in_docs_cluster_md_are_valid():
+    import tomllib
+
+    from nestor.inner.prime_rl import PrimeRLConfig
+    from nestor.pool.config import PoolConfig
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
+    blocks = [tomllib.loads("\n".join(line[3:] if line.startswith("   ") else line
+                                      for line in b.split("```")[0].splitlines()))
+              for b in doc.split("```toml\n")[1:]]
+    runpod_cfg = next(b for b in blocks if "runpod" in b)["runpod"]
+    config = RunpodConfig.model_validate(runpod_cfg)
+    assert config.max_pods == 16 and [t.worker_type for t in config.pod_types] == ["a40", "l40s"]
+    pool_doc = next(b for b in blocks if "pool" in b)
+    pool = PoolConfig.model_validate(pool_doc["pool"])
+    PrimeRLConfig.model_validate(pool_doc["prime_rl"])
+    # The documented pool asks for exactly what the documented pods advertise.
+    assert {t.name: t.resources for t in pool.worker_types} == {
+        t.name: t.resources for t in worker_types(config)}

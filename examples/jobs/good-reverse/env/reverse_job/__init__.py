@@ -33,7 +33,7 @@ class ReverseTask(vf.Task[ReverseData]):
         """Matching characters position by position, over the longer of reply and answer
         (so padding the reply with extra letters costs credit)."""
         reply, answer = normalise(trace.last_reply), self.data.answer
-        same = sum(a == b for a, b in zip(reply, answer))
+        same = sum(a == b for a, b in zip(reply, answer, strict=False))
         return same / max(len(reply), len(answer))
 
 

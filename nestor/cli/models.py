@@ -1,0 +1,87 @@
+"""`nestor models list|pretrain`: the base-model registry and the tiny models' pretraining."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from nestor.cli.common import JsonOpt, console, fail, print_json
+
+app = typer.Typer(no_args_is_help=True, help="Base models: list them, pretrain the tiny ones.")
+
+
+@app.command("list")
+def list_(json_: bool = JsonOpt) -> None:
+    """List registered base models and whether their weights are available here."""
+    from nestor.models.registry import MODELS, ModelNotFoundError, resolve_model_dir
+
+    rows = []
+    for entry in MODELS.values():
+        try:
+            where, ok = str(resolve_model_dir(entry.name)), True
+        except ModelNotFoundError as exc:
+            where, ok = str(exc), False
+        rows.append({"name": entry.name, "description": entry.description, "available": ok,
+                     "path" if ok else "how": where})
+    if json_:
+        print_json(rows)
+        return
+    table = Table("name", "description", "available", "path / how to provide")
+    for row in rows:
+        table.add_row(row["name"], row["description"], "yes" if row["available"] else "no",
+                      escape(row.get("path") or row.get("how")))
+    Console().print(table)
+
+
+@app.command("pretrain")
+def pretrain_cmd(
+    model: str = typer.Option("tiny-m", "--model", help="tiny-s or tiny-m."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Optimizer steps."),
+    out: Path | None = typer.Option(None, "--out", help="Output directory (default: the "
+                                                         "bundled directory of the model)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of corpus, init and data order."),
+    threads: int = typer.Option(2, "--threads", min=1, help="torch CPU threads."),
+    json_: bool = JsonOpt,
+) -> None:
+    """Pretrain a tiny model from scratch on the synthetic corpus (seeded, reproducible)."""
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from nestor.models.pretrain import TINY_ARCH, PretrainConfig, pretrain
+    from nestor.models.registry import BUNDLED_DIR
+
+    if model not in TINY_ARCH:
+        fail(f"cannot pretrain {model!r}: only {', '.join(TINY_ARCH)} are pretrained here")
+    cfg = PretrainConfig(model=model, seed=seed, threads=threads,
+                         **({"steps": steps} if steps else {}))
+    out_dir = out or BUNDLED_DIR / model
+    with Progress(TextColumn("pretrain {task.fields[model]}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
+        bar = progress.add_task("pretrain", total=cfg.steps, model=model, loss="-")
+
+        def on_step(step: int, loss: float) -> None:
+            progress.update(bar, completed=step + 1, loss=f"{loss:.3f}")
+            if not console.is_terminal and (step + 1) % 50 == 0:  # logs get a line now and then
+                console.print(f"step {step + 1}/{cfg.steps} loss {loss:.3f}", highlight=False)
+
+        figures = pretrain(cfg, out_dir, on_step=on_step)
+    figures["out"] = str(out_dir)
+    if json_:
+        print_json(figures)
+        return
+    console.print(f"saved {model} to {out_dir}: {figures['parameters']:,} parameters, "
+                  f"final loss {figures['final_loss']}, {figures['wall_s']} s")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="models")

@@ -1,0 +1,159 @@
+"""The trusted hidden-eval scorer: greedy decoding in the model's chat template, scored by the
+task's HiddenEval. Besides the CLI's `eval`, this is the only importer of `nestor.tasks.hidden`;
+it runs in the trusted process and never hands items to agent-visible code.
+
+Pre-scores of base models are cached on disk under `Settings.cache_dir`, keyed by model, a
+fingerprint of its weights, task, eval version, difficulty and n.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from nestor.models.sampler import sample
+from nestor.tasks import TaskRegistry
+from nestor.tasks.hidden import DEFAULT_N, EVAL_VERSION, HiddenEval, hidden_eval
+
+
+class EvalResult(BaseModel):
+    task: str
+    accuracy: float = Field(ge=0, le=1)
+    n: int = Field(ge=0)
+    ci95: tuple[float, float] = Field(description="Wilson 95% interval of the accuracy")
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval: sane at 0 and n correct, unlike the normal approximation."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4))
+
+
+def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """The test format: one user message, no system prompt, generation prompt appended."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                        add_generation_prompt=True, enable_thinking=False)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def score_model(model, tokenizer, evaluation: HiddenEval, batch_size: int = 256) -> EvalResult:
+    """Greedy replies to every item, cut at the task's max new tokens; accuracy and interval."""
+    items = evaluation.items
+    prompts = [chat_prompt_ids(tokenizer, item.prompt) for item in items]
+    order = sorted(range(len(items)), key=lambda i: len(prompts[i]))  # less padding per batch
+    was_training = model.training
+    model.eval()
+    correct = 0
+    try:
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            out = sample(model, [prompts[i] for i in batch], evaluation.max_new_tokens,
+                         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                         greedy=True, tokenizer=tokenizer)
+            correct += sum(HiddenEval.score(text, items[i])
+                           for text, i in zip(out.texts, batch, strict=True))
+    finally:
+        model.train(was_training)
+    n = len(items)
+    return EvalResult(task=evaluation.task_id, accuracy=correct / n if n else 0.0, n=n,
+                      ci95=wilson(correct, n))
+
+
+def _registry() -> TaskRegistry:
+    from nestor.config import load_settings
+
+    return TaskRegistry(load_settings().task_modules)
+
+
+def score_task(model, tokenizer, task_id: str, *, difficulty: int = 0, n: int = DEFAULT_N,
+               registry: TaskRegistry | None = None, batch_size: int = 256) -> EvalResult:
+    """Score an in-memory model (e.g. a fresh checkpoint) on one task's hidden eval."""
+    ref = (registry or _registry()).get(task_id)
+    return score_model(model, tokenizer, hidden_eval(ref, n=n, difficulty=difficulty), batch_size)
+
+
+# --- the pre-score cache ------------------------------------------------------------------
+
+_FINGERPRINTS: dict[tuple, str] = {}
+_HASH_LIMIT = 256 * 2**20  # hash contents below this size; larger weights hash their stat data
+
+
+def weights_fingerprint(model_dir: Path) -> str:
+    """A hash of the model's weight files (contents when small, else names, sizes, mtimes)."""
+    files = sorted(p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
+    stat_key = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    if stat_key in _FINGERPRINTS:
+        return _FINGERPRINTS[stat_key]
+    digest = hashlib.sha256()
+    if sum(size for _, size, _ in stat_key) <= _HASH_LIMIT:
+        for p in files:
+            digest.update(p.name.encode())
+            digest.update(p.read_bytes())
+    else:
+        digest.update(repr(stat_key).encode())
+    _FINGERPRINTS[stat_key] = digest.hexdigest()[:16]
+    return _FINGERPRINTS[stat_key]
+
+
+def cache_path(model_name: str, model_dir: Path, task_id: str, difficulty: int, n: int) -> Path:
+    from nestor.config import load_settings
+
+    key = json.dumps([model_name, weights_fingerprint(model_dir), task_id, EVAL_VERSION,
+                      difficulty, n])
+    name = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return Path(load_settings().cache_dir) / "prescores" / f"{name}.json"
+
+
+def _read_cache(path: Path) -> EvalResult | None:
+    try:
+        return EvalResult.model_validate_json(path.read_text())
+    except (OSError, ValueError):  # absent or corrupt: recompute
+        return None
+
+
+def _write_cache(path: Path, result: EvalResult) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(result.model_dump_json())
+    tmp.replace(path)  # atomic: concurrent workers never read half a file
+
+
+def evaluate(model_name_or_path: str, task_ids: list[str], *, difficulty: int = 0,
+             n: int = DEFAULT_N, use_cache: bool = True, device: str = "cpu",
+             registry: TaskRegistry | None = None, on_result=None) -> list[EvalResult]:
+    """Score a base model (registry name or directory) on tasks; loads the model only when a
+    task is not already cached. Raises ModelNotFoundError / TaskError on bad names."""
+    from nestor.models.registry import load_model, resolve_model_dir
+
+    registry = registry or _registry()
+    refs = [registry.get(t) for t in task_ids]  # unknown ids fail before any work
+    model_dir = resolve_model_dir(model_name_or_path)
+    model = tokenizer = None
+    results = []
+    for ref in refs:
+        path = cache_path(str(model_name_or_path), model_dir, ref.id, difficulty, n)
+        result = _read_cache(path) if use_cache else None
+        if result is None:
+            if model is None:
+                model, tokenizer = load_model(model_dir, device=device)
+            result = score_model(model, tokenizer, hidden_eval(ref, n=n, difficulty=difficulty))
+            _write_cache(path, result)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+def pre_score(model_name: str, task_id: str, difficulty: int = 0, n: int = DEFAULT_N,
+              registry: TaskRegistry | None = None) -> EvalResult:
+    """The cached score of a base model on one task (what a job's improvement is measured from)."""
+    return evaluate(model_name, [task_id], difficulty=difficulty, n=n, registry=registry)[0]

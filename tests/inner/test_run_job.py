@@ -1,0 +1,131 @@
+"""run_job end to end on the bundled tiny-s: statuses for bad configs, timeouts and a reward
+server that dies, and one small real training job whose checkpoint loads back."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nestor.inner.run import WarmState, run_job
+from nestor.inner.types import JobRequest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
+SMALL = """base_model = "tiny-s"
+learning_rate = 3e-4
+max_steps = 3
+prompts_per_step = 4
+group_size = 4
+max_new_tokens = 8
+seed = 0
+"""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread: these models are too small to gain from two, and the CI box is shared."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def warm() -> WarmState:
+    return WarmState()
+
+
+def make_job(tmp_path: Path, config: str = SMALL) -> Path:
+    job = tmp_path / "job"
+    shutil.copytree(EXAMPLE, job, ignore=shutil.ignore_patterns("__pycache__"))
+    (job / "config.toml").write_text(config)
+    return job
+
+
+def request(job: Path, **kw) -> JobRequest:
+    return JobRequest(job_dir=job, task_id="reverse", **kw)
+
+
+def test_bad_config_is_invalid_with_the_reason(tmp_path):
+    job = make_job(tmp_path, SMALL.replace("3e-4", '"fast"'))
+    result = run_job(request(job))
+    assert result.status == "invalid"
+    assert "learning_rate" in result.log_tail and result.post_score is None
+
+
+def test_over_budget_and_unknown_model_are_invalid(tmp_path):
+    job = make_job(tmp_path, SMALL + "\n")
+    result = run_job(request(job, token_budget=10))
+    assert result.status == "invalid" and "budget" in result.log_tail
+    (job / "config.toml").write_text(SMALL.replace("tiny-s", "gpt-9"))
+    result = run_job(request(job))
+    assert result.status == "invalid" and "gpt-9" in result.log_tail
+
+
+def test_timeout_is_reported_not_hung(tmp_path, warm):
+    job = make_job(tmp_path, SMALL.replace("max_steps = 3", "max_steps = 500"))
+    result = run_job(request(job, timeout_s=0.05), warm=warm)
+    assert result.status == "timeout"
+    assert result.steps < 500 and "timeout" in result.log_tail
+    assert result.pre_score is not None and result.checkpoint is None
+
+
+def test_reward_server_crash_is_failed(tmp_path, warm):
+    job = make_job(tmp_path)
+    env = job / "env" / "reverse_job" / "__init__.py"
+    env.write_text(env.read_text().replace(
+        "        return float(normalise(trace.last_reply) == self.data.answer)",
+        "        import os\n        os._exit(3)"))
+    result = run_job(request(job), warm=warm)
+    assert result.status == "failed"
+    assert result.steps == 0 and "scor" in result.log_tail
+
+
+@pytest.mark.slow
+def test_small_job_trains_and_checkpoint_loads(tmp_path, warm):
+    from nestor.models.registry import load_model
+
+    job = make_job(tmp_path)
+    steps = []
+    result = run_job(request(job, out_dir=tmp_path / "out"), warm=warm, on_step=steps.append)
+    assert result.status == "ok", result.log_tail
+    assert result.steps == 3 and len(result.reward_curve) == 3 and len(steps) == 3
+    assert all(0.0 <= r <= 1.0 for r in result.reward_curve)
+    assert {"reward_mean", "reward_std", "zero_var_frac", "entropy", "tokens_per_s"} <= set(
+        result.metrics[0])
+    assert result.improvement == pytest.approx(result.post_score - result.pre_score)
+    model, tokenizer = load_model(result.checkpoint)
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert (Path(result.checkpoint) / "model.safetensors").is_file()
+    assert (tmp_path / "out" / "metrics.jsonl").read_text().count("\n") == 3
+
+
+def test_lora_checkpoint_saves_adapter_and_merged_weights(tmp_path):
+    import torch
+
+    from nestor.inner.checkpoint import ADAPTER_DIR, save_checkpoint
+    from nestor.inner.grpo import GRPOTrainer
+    from nestor.job.config import JobConfig
+    from nestor.models.registry import load_model
+
+    model, tokenizer = load_model("tiny-s")
+    trainer = GRPOTrainer(model.float(), tokenizer, ["reverse abc", "reverse dog"],
+                          lambda t, c: [float(sum(map(ord, x)) % 2) for x in c],
+                          JobConfig(base_model="tiny-s", lora_rank=4, learning_rate=1e-2,
+                                    max_steps=2, skip_zero_variance=False,
+                                    prompts_per_step=2, group_size=4, max_new_tokens=4))
+    trainer.train()
+    ids = torch.tensor([tokenizer("reverse abc")["input_ids"]])
+    with torch.no_grad():
+        expected = trainer.model(ids).logits
+    path = save_checkpoint(trainer.model, tokenizer, tmp_path / "ckpt")
+    assert (path / ADAPTER_DIR / "adapter_model.safetensors").is_file()
+    merged, _ = load_model(path)
+    with torch.no_grad():
+        assert torch.allclose(merged.float()(ids).logits, expected, atol=1e-4)
+    base, _ = load_model("tiny-s")
+    with torch.no_grad():
+        assert not torch.allclose(base(ids).logits, expected, atol=1e-4)
