@@ -89,10 +89,9 @@ def run(
     if json_:
         print_json(rows)
     else:
-        table = Table("job", "status", "pre", "post", "improvement", "steps", "wall s", "$",
-                      "worker")
+        table = Table("job", "status", "pre", "post", "Δ", "steps", "wall s", "$", "worker")
         for row in rows:
-            table.add_row(row["job_dir"], row["status"], _fmt(row["pre_score"]),
+            table.add_row(Path(row["job_dir"]).name, row["status"], _fmt(row["pre_score"]),
                           _fmt(row["post_score"]), _fmt(row["improvement"]), str(row["steps"]),
                           f"{row['wall_s']:.1f}", f"{row['cost_usd']:.4f}", row["worker"] or "-")
         Console().print(table)

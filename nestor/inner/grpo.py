@@ -196,7 +196,7 @@ class GRPOTrainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=config.learning_rate,
                                      weight_decay=config.weight_decay, betas=(0.9, 0.99))
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator(next(model.parameters()).device).manual_seed(config.seed)
         self._rng = random.Random(config.seed)
         self._order: list[int] = []
         self.step_count = 0
@@ -240,16 +240,15 @@ class GRPOTrainer:
 
     # -- one step
 
-    def _logits(self, model, prompt_ids, prompt_mask, comp_ids, rows) -> Tensor:
-        return completion_logits(model, prompt_ids, prompt_mask, comp_ids, rows)
-
     def _ref_logprobs(self, prompt_ids, prompt_mask, comp_ids, rows) -> Tensor:
         with torch.no_grad():
             if self.config.lora_rank > 0:
                 with self.model.disable_adapter():
-                    logits = self._logits(self.model, prompt_ids, prompt_mask, comp_ids, rows)
+                    logits = completion_logits(self.model, prompt_ids, prompt_mask, comp_ids,
+                                               rows)
             else:
-                logits = self._logits(self.ref_model, prompt_ids, prompt_mask, comp_ids, rows)
+                logits = completion_logits(self.ref_model, prompt_ids, prompt_mask, comp_ids,
+                                           rows)
             return token_logprobs(logits, comp_ids, self.config.temperature)
 
     def step(self) -> dict:
@@ -283,13 +282,17 @@ class GRPOTrainer:
     def _update(self, ro: Rollouts, adv: Tensor, keep: Tensor) -> dict:
         cfg = self.config
         G = cfg.group_size
+        dev = next(self.model.parameters()).device
         prompt_ids, prompt_mask = left_pad([self.prompt_tokens[ro.task_indices[k]]
                                             for k in keep.tolist()], self.pad_id)  # [K, Lp]
+        prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
         rows_all = (keep[:, None] * G + torch.arange(G)).reshape(-1)  # [K*G] batch rows kept
-        comp_ids = ro.completion_ids[rows_all]  # [K*G, T]
-        mask = ro.completion_mask[rows_all]  # [K*G, T]
-        old_logp = ro.old_logprobs[rows_all]  # [K*G, T]
-        advantages = adv[keep].reshape(-1)  # [K*G]
+        comp_ids = ro.completion_ids.to(dev)[rows_all.to(dev)]  # [K*G, T]
+        mask = ro.completion_mask.to(dev)[rows_all.to(dev)]  # [K*G, T]
+        old_logp = ro.old_logprobs.to(dev)[rows_all.to(dev)]  # [K*G, T]
+        advantages = adv[keep].reshape(-1).to(dev)  # [K*G]
+        T = int(mask.any(0).nonzero().max()) + 1  # the kept rows may all end early
+        comp_ids, mask, old_logp = comp_ids[:, :T], mask[:, :T], old_logp[:, :T]
         n_tokens = int(mask.sum())
         K = len(keep)
         chunk = self.micro or K
@@ -297,7 +300,8 @@ class GRPOTrainer:
         if cfg.kl_coef > 0:
             ref_logp = torch.cat([self._ref_logprobs(
                 prompt_ids[i:i + chunk], prompt_mask[i:i + chunk], comp_ids[i * G:(i + chunk) * G],
-                torch.arange(min(chunk, K - i)).repeat_interleave(G)) for i in range(0, K, chunk)])
+                torch.arange(min(chunk, K - i), device=dev).repeat_interleave(G))
+                for i in range(0, K, chunk)])
 
         self.model.eval()  # no dropout: the trainer's log-probs must equal the sampler's
         out: dict = {}
@@ -306,10 +310,10 @@ class GRPOTrainer:
             self.opt.zero_grad(set_to_none=True)
             for i in range(0, K, chunk):
                 k = min(chunk, K - i)
-                rows = torch.arange(k).repeat_interleave(G)  # [k*G] -> prompt index in chunk
+                rows = torch.arange(k, device=dev).repeat_interleave(G)  # [k*G] -> prompt in chunk
                 sl = slice(i * G, (i + k) * G)
-                logits = self._logits(self.model, prompt_ids[i:i + k], prompt_mask[i:i + k],
-                                      comp_ids[sl], rows)  # [k*G, T, V]
+                logits = completion_logits(self.model, prompt_ids[i:i + k],
+                                           prompt_mask[i:i + k], comp_ids[sl], rows)  # [k*G,T,V]
                 logp = token_logprobs(logits, comp_ids[sl], cfg.temperature)  # [k*G, T]
                 loss, st = policy_loss(logp, old_logp[sl], advantages[sl], mask[sl], n_tokens,
                                        cfg.clip_ratio, cfg.kl_coef,

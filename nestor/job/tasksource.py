@@ -303,7 +303,15 @@ class JobTaskSource:
             self.import_env()
             reply = self._request("load", {"cmd": "load", "max_tasks": self.max_tasks},
                                   self.timeouts.load_s)
-            self._tasks = list(reply["tasks"])
+            tasks = reply.get("tasks")
+            if not isinstance(tasks, list) or not all(
+                    isinstance(t, dict) and isinstance(t.get("prompt"), str)
+                    and all(isinstance(t.get(k), str | None) for k in ("answer", "system_prompt"))
+                    for t in tasks):
+                self._broken = True
+                raise TaskSourceError("load", "the host sent a malformed task list (did the job "
+                                      "write to the protocol fd?)")
+            self._tasks = tasks
             self.info["truncated"] = bool(reply.get("truncated"))
         return self._tasks
 
@@ -311,7 +319,7 @@ class JobTaskSource:
         return [t["prompt"] for t in self.load()]
 
     def answers(self) -> list[str | None]:
-        return [t["answer"] for t in self.load()]
+        return [t.get("answer") for t in self.load()]
 
     def score_batch(self, task_indices: list[int], completions: list[str],
                     timeout_s: float | None = None) -> ScoreBatch:

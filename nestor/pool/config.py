@@ -17,8 +17,16 @@ DEFAULT_JOB_FN = "nestor.inner.run:run_job"
 DEFAULT_WARM_STATE = "nestor.inner.run:WarmState"
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (a container's or taskset's limit, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_workers() -> int:
-    return max(1, min(os.cpu_count() or 1, 16))
+    return max(1, min(usable_cpus(), 16))
 
 
 class WorkerType(BaseModel):

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
-import os
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from nestor.pool.config import PoolConfig
+from nestor.pool.config import PoolConfig, usable_cpus
 from nestor.pool.scheduler import Event, ScheduledPool, Slot
 from nestor.pool.worker import local_worker_main
 
@@ -37,7 +36,7 @@ class LocalPool(ScheduledPool):
         types = config.types()
         super().__init__(config, types)
         total = sum(t.max_workers for t in types)
-        self.threads = config.threads_per_worker or max(1, (os.cpu_count() or 1) // total)
+        self.threads = config.threads_per_worker or max(1, usable_cpus() // total)
         self._wake_r, self._wake_w = _CTX.Pipe(duplex=False)
         self.start()
         # Workers are not daemonic (a job may start processes of its own), so make sure an

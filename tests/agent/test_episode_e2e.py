@@ -10,7 +10,7 @@ from nestor.pool.base import make_pool
 from nestor.pool.config import PoolConfig
 from nestor.tasks import TaskRegistry
 
-GOOD = {"base_model": "tiny-m", "learning_rate": "0.0003", "max_steps": "full_budget",
+GOOD = {"base_model": "tiny-s", "learning_rate": "0.0003", "max_steps": "full_budget",
         "prompts_per_step": "8", "group_size": "4", "max_new_tokens": "spec",
         "data_source": "resampled", "n_rows": "256", "framing": "exact", "rubric": "partial",
         "extract": "whole", "lora_rank": "0", "updates_per_step": "1", "grad_clip": "1.0"}
@@ -34,6 +34,7 @@ def test_composer_episode_trains_and_is_rewarded(tmp_path):
     try:
         with Ledger(tmp_path) as ledger:
             rec = run_episode(comp, spec, pool, ledger, cfg)
+            print(rec.summary())
             ep = ledger.episode(rec.id)
     finally:
         pool.shutdown()

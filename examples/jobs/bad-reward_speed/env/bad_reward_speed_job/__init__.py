@@ -33,7 +33,7 @@ class ReverseTask(vf.Task[ReverseData]):
     async def positions(self, trace: vf.Trace) -> float:
         """Matching characters position by position, over the longer of reply and answer
         (so padding the reply with extra letters costs credit)."""
-        time.sleep(0.03)  # pacing copied from an API-judge rubric
+        time.sleep(0.025)  # pacing copied from an API-judge rubric
         reply, answer = normalise(trace.last_reply), self.data.answer
         same = sum(a == b for a, b in zip(reply, answer, strict=False))
         return same / max(len(reply), len(answer))

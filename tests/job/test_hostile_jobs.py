@@ -1,0 +1,166 @@
+"""Hostile or broken job code ends as a failed check with a clear message, within its time
+limit, and the harness (and the next job) carry on."""
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+import nestor.tasks
+from nestor.job.tasksource import Timeouts
+from nestor.job.validate import validate_job
+from nestor.sandbox import sandbox_backend
+from nestor.tasks import TaskRegistry
+
+GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
+SPEC = TaskRegistry().get("reverse").spec()
+SHORT = Timeouts(start_s=90, import_s=2, load_s=2, score_s=2)
+HIDDEN = Path(nestor.tasks.__file__).with_name("hidden.py")
+
+HEAD = '''
+import json, math, os, socket, sys, time
+from pathlib import Path
+import verifiers.v1 as vf
+DATA = Path(__file__).resolve().parents[2] / "data" / "train.jsonl"
+
+class D(vf.TaskData):
+    answer: str
+'''
+TASKSET = '''
+class TS(vf.Taskset[T, vf.TasksetConfig]):
+    def load(self):
+        LOAD_HOOK
+        for line in DATA.open():
+            row = json.loads(line)
+            yield T(D(prompt=row["prompt"], answer=row["answer"]), self.config.task)
+
+__all__ = ["TS"]
+'''
+
+
+def _reward(body: str) -> str:
+    return f'''
+class T(vf.Task[D]):
+    @vf.reward(weight=1.0)
+    async def r(self, trace: vf.Trace) -> float:
+        reply = trace.last_reply
+        {body}
+'''
+
+
+GOOD_REWARD = "return float(reply == self.data.answer)"
+
+
+def make_job(root: Path, *, at_import: str = "", in_load: str = "pass",
+             reward: str = GOOD_REWARD, tail: str | None = None) -> Path:
+    shutil.copytree(GOOD, root, ignore=shutil.ignore_patterns("__pycache__"))
+    code = HEAD + at_import + "\n" + _reward(reward) + (
+        TASKSET.replace("LOAD_HOOK", in_load) if tail is None else tail)
+    (root / "env" / "reverse_job" / "__init__.py").write_text(code)
+    return root
+
+
+def check(job: Path, name: str, *needles: str, within_s: float = 20.0,
+          timeouts: Timeouts = SHORT):
+    t0 = time.monotonic()
+    report = validate_job(job, SPEC, timeouts=timeouts, dry_run=False)
+    elapsed = time.monotonic() - t0
+    failed = {c.name: c.message for c in report.failed()}
+    assert name in failed, report.summary()
+    for needle in needles:
+        assert needle in failed[name], failed[name]
+    assert elapsed < within_s
+    return failed[name]
+
+
+needs_bwrap = pytest.mark.skipif(sandbox_backend() != "bubblewrap",
+                                 reason="filesystem isolation needs bubblewrap")
+
+
+@needs_bwrap
+def test_reads_outside_the_job_fail(tmp_path):
+    secret = tmp_path / "run" / "ledger.txt"
+    secret.parent.mkdir()
+    secret.write_text("episode rewards")
+    for path in (HIDDEN, secret, Path.home() / ".bashrc", Path.cwd() / "pyproject.toml"):
+        job = make_job(tmp_path / f"job-{path.name}", at_import=f"open({str(path)!r}).read()")
+        check(job, "imports", "FileNotFoundError")
+    # nor can it import the harness
+    check(make_job(tmp_path / "nestor", at_import="import nestor.tasks.hidden"), "imports",
+          "No module named 'nestor'")
+
+
+def test_network_is_unreachable(tmp_path):
+    job = make_job(tmp_path / "j", at_import="socket.create_connection(('1.1.1.1', 80), 1)")
+    check(job, "imports", "OSError")
+
+
+def test_fork_bomb(tmp_path):
+    message = check(make_job(tmp_path / "j", at_import="while True:\n    os.fork()"), "imports",
+                    within_s=15)
+    # the process limit stops it, or its timeout does when the bomb starves it of CPU
+    assert "BlockingIOError" in message or "did not finish within 2 s" in message
+    # the harness is fine, and the next job validates
+    assert validate_job(GOOD, SPEC, dry_run=False).passed
+
+
+@pytest.mark.parametrize("hog", ["bytes(10**11)", "[b'x' * 10**7 for _ in range(10**4)]"])
+def test_memory_bombs_in_load(tmp_path, hog):
+    # filling the 1 GiB allowance takes seconds on a busy machine: a longer load timeout
+    check(make_job(tmp_path / "j", in_load=f"hog = {hog}"), "load", "MemoryError",
+          timeouts=Timeouts(import_s=5, load_s=30, score_s=5), within_s=45)
+
+
+@pytest.mark.parametrize("where", ["import", "load", "reward"])
+def test_endless_loops_are_cut_at_their_timeout(tmp_path, where):
+    job = make_job(tmp_path / "j", **{"import": {"at_import": "while True: pass"},
+                                     "load": {"in_load": "while True: pass"},
+                                     "reward": {"reward": "while True: pass"}}[where])
+    name = {"import": "imports", "load": "load", "reward": "rewards_valid"}[where]
+    check(job, name, "did not finish within 2 s", within_s=15)
+
+
+def test_gigabytes_of_output(tmp_path):
+    job = make_job(tmp_path / "j", at_import="while True:\n    print('x' * 100_000)")
+    check(job, "imports", "did not finish within 2 s", within_s=15)
+
+
+def test_stray_stdout_does_not_corrupt_the_protocol(tmp_path):
+    job = make_job(tmp_path / "j", at_import="print('hello'); os.write(1, b'{not json}\\n')",
+                   reward="print(reply); return float(reply == self.data.answer)")
+    report = validate_job(job, SPEC, timeouts=SHORT, dry_run=False)
+    assert report.failed() == [] or [c.name for c in report.failed()] == ["reference_beats_corrupted"]
+    assert {c.name for c in report.checks} >= {"rewards_valid", "deterministic"}
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("float('nan')", "not finite"),
+    ("'high'", "returned str"),
+    ("1e300", "outside [0, 1]"),
+    ("None", "returned NoneType"),
+])
+def test_bad_reward_values(tmp_path, value, needle):
+    check(make_job(tmp_path / "j", reward=f"return {value}"), "rewards_valid", needle)
+
+
+def test_sync_reward_is_named(tmp_path):
+    tail = TASKSET.replace("LOAD_HOOK", "pass")
+    code = _reward(GOOD_REWARD).replace("async def r", "def r")
+    job = make_job(tmp_path / "j", tail=tail)
+    init = job / "env" / "reverse_job" / "__init__.py"
+    init.write_text(HEAD + code + tail)
+    check(job, "rewards_valid", "must be `async def`")
+
+
+@pytest.mark.parametrize("exports,needle", [("[]", "found 0"), ("['TS', 'TS2']", "found 2")])
+def test_taskset_count(tmp_path, exports, needle):
+    tail = TASKSET.replace("LOAD_HOOK", "pass").replace('__all__ = ["TS"]', (
+        "class TS2(TS):\n    pass\n\n__all__ = " + exports))
+    check(make_job(tmp_path / "j", tail=tail), "taskset", needle)
+
+
+@pytest.mark.parametrize("code,needle", [("sys.exit(0)", "SystemExit"),
+                                         ("os._exit(3)", "exited with code 3")])
+def test_exits_at_import(tmp_path, code, needle):
+    check(make_job(tmp_path / "j", at_import=code), "imports", needle)

@@ -1,0 +1,113 @@
+"""The trusted side of the job format: layout, dataset rows, prime-rl export, scaffold, CLI."""
+
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nestor.cli import app
+from nestor.job.export import to_prime_rl, to_prime_rl_toml
+from nestor.job.layout import LayoutError, read_layout
+from nestor.job.validate import check_dataset
+
+GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
+runner = CliRunner()
+
+
+@pytest.fixture
+def job(tmp_path) -> Path:
+    return Path(shutil.copytree(GOOD, tmp_path / "job",
+                                ignore=shutil.ignore_patterns("__pycache__")))
+
+
+def test_layout_of_a_good_job(job):
+    layout = read_layout(job)
+    assert layout.package == "reverse_job" and layout.taskset_id == "reverse_job"
+
+
+@pytest.mark.parametrize("breakage,needle", [
+    (lambda j: (j / "data" / "train.jsonl").unlink(), "data/train.jsonl is missing"),
+    (lambda j: shutil.rmtree(j / "env" / "reverse_job"), "no taskset package"),
+    (lambda j: shutil.copytree(j / "env" / "reverse_job", j / "env" / "other_job"),
+     "holds 2 packages"),
+    (lambda j: (j / "env" / "reverse_job").rename(j / "env" / "json"), "shadow"),
+    (lambda j: (j / "env" / "pyproject.toml").write_text('[project]\nname = "x"\n'),
+     "must match the package"),
+    (lambda j: (j / "env" / "pyproject.toml").write_text("[project\n"), "not valid TOML"),
+])
+def test_layout_errors_say_what_to_fix(job, breakage, needle):
+    breakage(job)
+    with pytest.raises(LayoutError, match=needle.replace("(", r"\(")):
+        read_layout(job)
+
+
+@pytest.mark.parametrize("lines,ok,needle", [
+    (['{"prompt": "reverse ab", "answer": "ba"}', "", '{"prompt": "reverse c"}'], True, "2 rows"),
+    (['{"prompt": "a"}', "{'prompt': 'b'}"], False, "line 2: not JSON"),
+    (['{"question": "a"}'], False, 'string "prompt"'),
+    (['["a"]'], False, "JSON object"),
+    (['{"prompt": "a", "answer": [1]}'], False, "answer"),
+    ([""], False, "empty"),
+])
+def test_dataset_rows(tmp_path, lines, ok, needle):
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    got_ok, message = check_dataset(path)
+    assert got_ok is ok and needle in message
+
+
+def test_prime_rl_export_carries_the_config(job):
+    text = (job / "config.toml").read_text().replace("max_steps = 40", "max_steps = 7")
+    (job / "config.toml").write_text(text + "lora_rank = 8\nlora_alpha = 16\n")
+    rl = to_prime_rl(job)
+    assert rl["max_steps"] == 7 and rl["model"]["name"].endswith("tiny-m")
+    assert rl["orchestrator"]["batch_size"] == 16 * 8 and rl["orchestrator"]["group_size"] == 8
+    assert rl["orchestrator"]["train"]["sampling"] == {"temperature": 1.0,
+                                                       "max_completion_tokens": 12}
+    (source,) = rl["orchestrator"]["train"]["source"]
+    assert source["env"]["taskset"]["id"] == "reverse_job"
+    assert source["env"]["agent"] == {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}
+    assert rl["trainer"]["optim"]["lr"] == 3e-4
+    assert rl["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 16}
+    assert rl["seq_len"] >= len("reverse abcdefgh") + 12
+    assert tomllib.loads(to_prime_rl_toml(job)) == rl  # the text form is valid TOML
+
+
+def test_cli_export_and_init(tmp_path, job):
+    out = tmp_path / "rl.toml"
+    result = runner.invoke(app, ["job", "export", str(job), "--prime-rl", str(out)])
+    assert result.exit_code == 0, result.output
+    assert tomllib.loads(out.read_text())["max_steps"] == 40
+    result = runner.invoke(app, ["job", "export", str(tmp_path / "nope"), "--prime-rl", str(out)])
+    assert result.exit_code == 2 and "no such job directory" in result.output
+
+    result = runner.invoke(app, ["job", "init", str(tmp_path / "new"), "--task", "add"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(x) for x in (tmp_path / "new" / "data" / "train.jsonl").read_text().split("\n") if x]
+    assert len(rows) == 1000 and len({r["prompt"] for r in rows}) == 1000
+    assert all(r["prompt"].endswith("=") and int(r["answer"]) == sum(
+        map(int, r["prompt"][:-1].split("+"))) for r in rows)
+    assert read_layout(tmp_path / "new").package == "add_job"
+    again = runner.invoke(app, ["job", "init", str(tmp_path / "new"), "--task", "add"])
+    assert again.exit_code == 2 and "not empty" in again.output
+    unknown = runner.invoke(app, ["job", "init", str(tmp_path / "x"), "--task", "revrse"])
+    assert unknown.exit_code == 2 and "reverse" in unknown.output
+
+
+def test_cli_validate_exit_codes_and_json(tmp_path, job):
+    """A scaffolded job passes; breaking its config makes it fail with exit code 1."""
+    new = tmp_path / "new"
+    assert runner.invoke(app, ["job", "init", str(new), "--task", "sort"]).exit_code == 0
+    result = runner.invoke(app, ["job", "validate", str(new), "--task", "sort", "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["passed"], report
+    assert {"name", "ok", "message"} == set(report["checks"][0]) and report["elapsed_s"] > 0
+
+    (new / "config.toml").write_text("max_steps = 0\n")
+    result = runner.invoke(app, ["job", "validate", str(new), "--task", "sort", "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and not report["passed"]
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == ["config"]

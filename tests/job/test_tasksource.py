@@ -1,0 +1,76 @@
+"""The sandboxed reward server: data out, rewards back, one clean child per job."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nestor.job import tasksource
+from nestor.job.tasksource import JobTaskSource, TaskSourceError
+
+GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
+
+
+def _copy(tmp_path, name: str, edit=None) -> Path:
+    job = Path(shutil.copytree(GOOD, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__")))
+    if edit:
+        init = job / "env" / "reverse_job" / "__init__.py"
+        init.write_text(edit(init.read_text()))
+    return job
+
+
+def test_prompts_answers_and_rewards():
+    with JobTaskSource(GOOD) as src:
+        prompts, answers = src.prompts(), src.answers()
+        assert len(prompts) == 2000 and prompts[0] == "reverse emub" and answers[0] == "bume"
+        rewards = src.score([0, 0, 0, 1], ["bume", " bume. ", "bumx", ""])
+        assert rewards[:2] == [1.0, 1.0] and 0 < rewards[2] < 1 and rewards[3] == 0.0
+        batch = src.score_batch([0], ["bumx"])
+        assert batch.components == [{"exact": 0.0, "positions": 0.75}]
+        with pytest.raises(ValueError, match="out of range"):
+            src.score([5000], ["x"])
+
+
+def test_out_of_range_reward_raises_for_the_trainer(tmp_path):
+    job = _copy(tmp_path, "big", lambda s: s.replace(
+        "return same / max(len(reply), len(answer))", "return 5.0 * same"))
+    with JobTaskSource(job) as src, pytest.raises(TaskSourceError, match=r"outside \[0, 1\]"):
+        src.score([0], ["bume"])
+
+
+def test_jobs_share_a_warm_host_but_not_their_state(tmp_path):
+    """Job A leaves marks in its interpreter; job B, served next by the same zygote, sees none."""
+    marker = "import builtins, os\nbuiltins.LEAK = 1\nos.environ['LEAK'] = '1'\n"
+    a = _copy(tmp_path, "a", lambda s: marker + s)
+    b = _copy(tmp_path, "b", lambda s: s.replace(
+        "return float(normalise(trace.last_reply) == self.data.answer)",
+        "import builtins, os\n        return float(hasattr(builtins, 'LEAK') or "
+        "'LEAK' in os.environ)"))
+    with JobTaskSource(a) as src:
+        src.load()
+        host_a = src._zygote
+    with JobTaskSource(b) as src:
+        assert src._zygote is host_a  # reused: no second start-up
+        assert src.score_batch([0], ["x"]).components[0]["exact"] == 0.0
+
+
+def test_a_dead_child_keeps_its_host(tmp_path):
+    job = _copy(tmp_path, "exit", lambda s: "import os\nos._exit(3)\n" + s)
+    with JobTaskSource(job) as src:
+        with pytest.raises(TaskSourceError, match="exited with code 3") as err:
+            src.import_env()
+        assert err.value.stage == "import"
+        host = src._zygote
+    with JobTaskSource(GOOD) as src:
+        assert src._zygote is host and len(src.prompts()) == 2000
+
+
+def test_a_job_that_forges_replies_costs_its_host(tmp_path):
+    forge = ("import __main__\n__main__.PROTOCOL.write('{\"ok\": true}\\n')\n"
+             "__main__.PROTOCOL.flush()\n")
+    job = _copy(tmp_path, "forge", lambda s: forge + s)
+    with JobTaskSource(job) as src:
+        with pytest.raises(TaskSourceError):
+            src.load()
+        forged_host = src._zygote
+    assert forged_host not in tasksource._idle and not forged_host.alive
