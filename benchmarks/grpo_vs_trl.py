@@ -35,8 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_ours(model, tokenizer, prompts, score, config) -> dict:
     trainer = GRPOTrainer(model, tokenizer, prompts, score, config)
-    hist = trainer.train()
+    cpu = [time.process_time()]
+
+    def on_step(m: dict) -> None:
+        cpu.append(time.process_time())
+
+    hist = trainer.train(on_step=on_step)
     return {"step_s": [m["step_s"] for m in hist],
+            "cpu_s": [b - a for a, b in zip(cpu, cpu[1:], strict=False)],
             "reward_curve": [round(m["reward_mean"], 4) for m in hist]}
 
 
@@ -49,14 +55,16 @@ def run_trl(model, tokenizer, prompts, score, config) -> dict:
     class Timer(TrainerCallback):
         def __init__(self):
             self.step_s: list[float] = []
+            self.cpu_s: list[float] = []
             self.rewards: list[float] = []
-            self._t = 0.0
+            self._t = self._c = 0.0
 
         def on_step_begin(self, args, state, control, **kw):
-            self._t = time.perf_counter()
+            self._t, self._c = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
             self.step_s.append(time.perf_counter() - self._t)
+            self.cpu_s.append(time.process_time() - self._c)
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "reward" in logs:
@@ -84,7 +92,7 @@ def run_trl(model, tokenizer, prompts, score, config) -> dict:
         trainer = TRLTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                              processing_class=tokenizer, callbacks=[timer])
         trainer.train()
-    return {"step_s": timer.step_s, "reward_curve": timer.rewards}
+    return {"step_s": timer.step_s, "cpu_s": timer.cpu_s, "reward_curve": timer.rewards}
 
 
 def main() -> None:
@@ -109,15 +117,22 @@ def main() -> None:
         return statistics.mean(xs[1:] if len(xs) > 1 else xs)
 
     ours_s, trl_s = per_step(ours["step_s"]), per_step(trl["step_s"])
+    ours_cpu, trl_cpu = per_step(ours["cpu_s"]), per_step(trl["cpu_s"])
     summary = {
         "job": a.job.name, "model": a.model or config.base_model, "steps": a.steps, "threads": a.threads,
         "prompts_per_step": config.prompts_per_step, "group_size": config.group_size,
         "max_new_tokens": config.max_new_tokens,
         "ours_s_per_step": round(ours_s, 3), "trl_s_per_step": round(trl_s, 3),
         "ratio": round(ours_s / trl_s, 3),
+        # CPU seconds of this process per step (the reward server's child excluded for both):
+        # steadier than wall time when other work shares the machine.
+        "ours_cpu_s_per_step": round(ours_cpu, 3), "trl_cpu_s_per_step": round(trl_cpu, 3),
+        "cpu_ratio": round(ours_cpu / trl_cpu, 3),
         "ours_reward_curve": ours["reward_curve"], "trl_reward_curve": trl["reward_curve"],
     }
     print(f"ours {ours_s:.3f} s/step   TRL {trl_s:.3f} s/step   ratio {ours_s / trl_s:.2f}")
+    print(f"CPU: ours {ours_cpu:.3f} s/step   TRL {trl_cpu:.3f} s/step   "
+          f"ratio {ours_cpu / trl_cpu:.2f}")
     print(f"ours rewards: {ours['reward_curve']}")
     print(f"TRL rewards:  {trl['reward_curve']}")
     print(json.dumps(summary))

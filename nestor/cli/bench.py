@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import JsonOpt, console, fail, print_json, registry
@@ -50,7 +51,7 @@ def matrix(
         fail(str(exc))
     present, absent = present_models(candidate_models(config, model))
     for name, why in absent.items():
-        console.print(f"[yellow]skip {name}:[/yellow] {why}", highlight=False)
+        console.print(f"[yellow]skip {name}:[/yellow] {escape(why)}", highlight=False)
     if not present:
         fail("no base model is present here; see `nestor models list`")
     rows: list[dict] = []

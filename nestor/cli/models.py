@@ -44,7 +44,7 @@ def pretrain_cmd(
     out: Path | None = typer.Option(None, "--out", help="Output directory (default: the "
                                                          "bundled directory of the model)."),
     seed: int = typer.Option(0, "--seed", help="Seed of corpus, init and data order."),
-    threads: int = typer.Option(2, "--threads", min=1, help="torch CPU threads."),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads."),
     json_: bool = JsonOpt,
 ) -> None:
     """Pretrain a tiny model from scratch on the synthetic corpus (seeded, reproducible)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
@@ -97,8 +98,8 @@ def run(
         Console().print(table)
         for row in rows:
             if row["status"] != "ok" and row["log_tail"]:
-                console.print(f"[yellow]{row['job_dir']}[/yellow] ({row['status']}): "
-                              f"{row['log_tail'].splitlines()[-1]}", highlight=False)
+                console.print(f"[yellow]{escape(row['job_dir'])}[/yellow] ({row['status']}): "
+                              f"{escape(row['log_tail'].splitlines()[-1])}", highlight=False)
     if any(r["status"] != "ok" for r in rows):
         raise typer.Exit(1)
 

@@ -216,4 +216,4 @@ def _save(model, tokenizer, out_dir: Path, config, request: JobRequest,
     meta = {"task_id": request.task_id, "difficulty": request.difficulty,
             "job_dir": str(request.job_dir), "config": config.model_dump(),
             "steps": len(history)}
-    return save_checkpoint(model, tokenizer, out_dir / "checkpoint", meta=meta)
+    return save_checkpoint(model, tokenizer, out_dir, meta=meta)

@@ -11,7 +11,7 @@ def render_prompt(tokenizer, prompt: str) -> list[int]:
     """The test format: one user message, then the assistant turn opening."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True, enable_thinking=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
 
 @functools.lru_cache(maxsize=2)
@@ -38,7 +38,14 @@ def rollouts(config: JobConfig, prompts: list[str]) -> list[str]:
     model, tokenizer = _model(config.base_model)
     ids = [render_prompt(tokenizer, p) for p in prompts]
     generator = torch.Generator().manual_seed(config.seed)
-    out = sample(model, ids, config.max_new_tokens, eos_id=tokenizer.eos_token_id,
-                 pad_id=tokenizer.pad_token_id, temperature=config.temperature,
-                 generator=generator, tokenizer=tokenizer)
+    # A batch of a few short rollouts gains nothing from intra-op threads, and on a busy
+    # machine their spin-waits cost seconds.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = sample(model, ids, config.max_new_tokens, eos_id=tokenizer.eos_token_id,
+                     pad_id=tokenizer.pad_token_id, temperature=config.temperature,
+                     generator=generator, tokenizer=tokenizer)
+    finally:
+        torch.set_num_threads(threads)
     return list(out.texts)

@@ -10,7 +10,9 @@ each in a forked child, so every job starts from the same clean interpreter and 
 the import. The zygote answers `hello` and `job`; the job's child answers the rest:
 
   {"cmd": "hello", "nonce": x}          -> versions, import time; x echoed (a stream check)
-  {"cmd": "job", "dir": DIR}            -> forks the job's child; it replies {"pid"}
+  {"cmd": "job", "dir": DIR, "cpu_s": c, "memory_mb": m}
+                                        -> forks the job's child under those limits; it
+                                           replies {"pid"}
   {"cmd": "import", "package": NAME}    -> imports DIR/env/NAME, finds its one Taskset
   {"cmd": "load", "max_tasks": N}       -> tasks [{"prompt", "answer", "system_prompt"}]
   {"cmd": "score", "items": [{"task": i, "completion": s}]}
@@ -34,6 +36,7 @@ import inspect
 import json
 import math
 import os
+import resource
 import signal
 import sys
 import time
@@ -377,6 +380,23 @@ def _reap(pid: int) -> None:
         pass
 
 
+def _cap(value: int, want: int) -> int:
+    return want if value == resource.RLIM_INFINITY else min(value, want)
+
+
+def _lower_limits(req: dict) -> None:
+    """This job's own CPU and memory caps (the zygote's are the most any job gets). CPU gets
+    SIGXCPU at the soft limit and SIGKILL a second later, like the sandbox's own."""
+    if req.get("cpu_s"):
+        want = int(req["cpu_s"])
+        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        resource.setrlimit(resource.RLIMIT_CPU, (_cap(soft, want), _cap(hard, want + 1)))
+    if req.get("memory_mb"):
+        want = int(req["memory_mb"]) << 20
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (_cap(soft, want), _cap(hard, want)))
+
+
 def zygote() -> None:
     while (line := read_line()) is not None:
         try:
@@ -398,6 +418,7 @@ def zygote() -> None:
         if pid == 0:
             code = END_CODE
             try:
+                _lower_limits(req)
                 serve_job(str(req.get("dir", "")))
             except BaseException:  # noqa: BLE001 - the child must never return into the zygote
                 code = 1

@@ -118,7 +118,16 @@ _idle: list[_Zygote] = []
 _idle_lock = threading.Lock()
 
 
+def host_limits(limits: Limits) -> Limits:
+    """The zygote's own limits: CPU and memory as generous as any job's (each job's child
+    lowers them to its own), so one warm host serves probes and training alike."""
+    return limits.model_copy(update={"cpu_s": max(limits.cpu_s, TRAIN_LIMITS.cpu_s),
+                                     "memory_mb": max(limits.memory_mb, TRAIN_LIMITS.memory_mb),
+                                     "wall_s": TRAIN_LIMITS.wall_s})
+
+
 def _acquire(limits: Limits, warm: bool) -> _Zygote:
+    limits = host_limits(limits)
     if warm:
         with _idle_lock:
             while True:
@@ -143,9 +152,10 @@ def _release(z: _Zygote, keep: bool) -> None:
 
 def prewarm(limits: Limits = TRAIN_LIMITS, *, wait: bool = False,
             timeout_s: float = Timeouts.start_s) -> bool:
-    """Make sure an idle host with these limits exists (start one if not), so that the next
+    """Make sure an idle host for these limits exists (start one if not), so that the next
     `JobTaskSource(..., warm=True)` skips the start-up; `wait` blocks until it is ready.
     Returns whether a ready-or-starting host is there."""
+    limits = host_limits(limits)
     with _idle_lock:
         z = next((z for z in _idle if z.limits == limits and z.alive), None)
     if z is None:
@@ -282,8 +292,9 @@ class JobTaskSource:
                                                        self.timeouts.start_s)) from None
             finally:
                 self.timings["host"] = time.perf_counter() - t0
-            self._request("host", {"cmd": "job", "dir": self._zygote.path_inside(self._staged)},
-                          self.timeouts.start_s)
+            self._request("host", {"cmd": "job", "dir": self._zygote.path_inside(self._staged),
+                                   "cpu_s": self.limits.cpu_s,
+                                   "memory_mb": self.limits.memory_mb}, self.timeouts.start_s)
             self._opened = True
             self.info["host"] = hello
         return self.info["host"]

@@ -32,18 +32,18 @@ MAX_POSITIONS = 4096  # RoPE: longer contexts than trained on still run (for an 
 
 class PretrainConfig(BaseModel):
     model: str = Field("tiny-m", description="Which tiny architecture: tiny-s or tiny-m.")
-    steps: int = Field(500, ge=1, le=100_000, description="Optimizer steps.")
-    batch_size: int = Field(32, ge=1, le=1024, description="Windows per step.")
+    steps: int = Field(320, ge=1, le=100_000, description="Optimizer steps.")
+    batch_size: int = Field(24, ge=1, le=1024, description="Windows per step.")
     seq_len: int = Field(128, ge=16, le=MAX_POSITIONS, description="Tokens per window.")
     lr: float = Field(3e-3, gt=0, le=1e-1, description="Peak AdamW learning rate.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr as a share of the peak.")
-    warmup_steps: int = Field(30, ge=0, description="Linear warmup steps.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(0.1, ge=0, le=1, description="AdamW weight decay (matrices only).")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
-    n_docs: int = Field(40_000, ge=100, description="Corpus documents (sampled windows draw "
+    n_docs: int = Field(20_000, ge=100, description="Corpus documents (sampled windows draw "
                                                      "from their packed stream).")
     seed: int = Field(0, description="Seeds the corpus, the init and the window order.")
-    threads: int = Field(2, ge=1, le=256, description="torch CPU threads.")
+    threads: int = Field(1, ge=1, le=256, description="torch CPU threads.")
     bf16: bool = Field(True, description="bf16 autocast for the forward pass (weights and "
                                          "optimizer stay float32); faster on CPUs with bf16.")
 

@@ -92,32 +92,40 @@ def sample(model, prompts: list[list[int]], max_new_tokens: int, *, eos_id: int,
     last_logits = out.logits[rows.to(device), -1, :]  # [B, V]
     next_pos = prompt_mask.long().sum(-1, keepdim=True)  # [B, 1] position of the next token
 
-    tokens, keeps, logps = [], [], []
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    for _ in range(max_new_tokens):
-        logits = last_logits.float()  # [B, V]
-        logp_all = torch.log_softmax(logits / temperature, dim=-1)  # [B, V]
+    # Rows leave the batch (and the KV cache) at their eos, so late steps only pay for the rows
+    # still generating; results go to their original row in the [B, T] outputs.
+    completion_ids = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    completion_mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
+    logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+    active = torch.arange(batch, device=device)  # [A] original row of each running row
+    steps = 0
+    for t in range(max_new_tokens):
+        logits = last_logits.float()  # [A, V]
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)  # [A, V]
         if greedy:
-            tok = logits.argmax(-1)  # [B]
+            tok = logits.argmax(-1)  # [A]
         else:
             tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
-        logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)  # [B]
-        keep = ~done
-        tok = torch.where(keep, tok, torch.full_like(tok, pad_id))
-        tokens.append(tok)
-        keeps.append(keep)
-        logps.append(torch.where(keep, logp, torch.zeros_like(logp)))
-        done = done | (tok == eos_id)
-        if bool(done.all()):
+        completion_ids[active, t] = tok
+        completion_mask[active, t] = True
+        logprobs[active, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+        steps = t + 1
+        running = tok != eos_id  # [A]
+        if t == max_new_tokens - 1 or not bool(running.any()):
             break
-        attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
+        if not bool(running.all()):
+            keep = running.nonzero().squeeze(1)
+            active, tok, attn, next_pos = active[keep], tok[keep], attn[keep], next_pos[keep]
+            cache.batch_select_indices(keep)
+        attn = torch.cat([attn, torch.ones((len(active), 1), dtype=attn.dtype, device=device)],
+                         dim=1)
         out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
                     past_key_values=cache, use_cache=True)
         last_logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
 
-    completion_ids = torch.stack(tokens, dim=1)  # [B, T]
-    completion_mask = torch.stack(keeps, dim=1)  # [B, T]
-    logprobs = torch.stack(logps, dim=1)  # [B, T]
+    completion_ids = completion_ids[:, :steps]  # [B, T]
+    completion_mask = completion_mask[:, :steps]  # [B, T]
+    logprobs = logprobs[:, :steps]  # [B, T]
     texts = decode(tokenizer, completion_ids, completion_mask, eos_id)
     return Samples(completion_ids, completion_mask, logprobs, texts, prompt_ids, prompt_mask)

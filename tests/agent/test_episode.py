@@ -111,3 +111,21 @@ def test_parse_errors_are_reported_back_and_the_episode_goes_on(ledger):
     rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig())
     assert "malformed tool call: not JSON" in pol.seen[1].messages[-1].content
     assert rec.end_reason == "no_submit" and len(pol.seen) == 3
+
+
+def test_concurrent_episodes_share_a_policy_and_a_ledger(ledger):
+    from concurrent.futures import ThreadPoolExecutor
+
+    pol = Scripted([calls(("write_file", {"path": "config.toml", "content": "x = 1"}),
+                          ("submit", {}))], repeat_last=True)
+    specs = [TaskRegistry().get(t).spec() for t in ("sort", "max", "vowels", "add")]
+    cfg = EpisodeConfig(max_attempts=2)
+    with ThreadPoolExecutor(4) as ex:
+        recs = list(ex.map(lambda s: run_episode(pol, s, None, ledger, cfg), specs))
+    assert len({r.id for r in recs}) == 4
+    for rec in recs:
+        assert rec.end_reason == "invalid" and rec.attempts == 2
+        ep = ledger.episode(rec.id)
+        assert ep["status"] == "done" and len(ep["turns"]) == len(rec.messages)
+        ws = ledger.run_dir / "episodes" / rec.id / "workspace" / "config.toml"
+        assert ws.read_text() == "x = 1"  # each episode has its own workspace

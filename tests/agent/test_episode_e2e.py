@@ -34,7 +34,6 @@ def test_composer_episode_trains_and_is_rewarded(tmp_path):
     try:
         with Ledger(tmp_path) as ledger:
             rec = run_episode(comp, spec, pool, ledger, cfg)
-            print(rec.summary())
             ep = ledger.episode(rec.id)
     finally:
         pool.shutdown()

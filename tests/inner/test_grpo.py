@@ -46,7 +46,7 @@ def tiny_model(tok, seed: int = 0) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(cfg).float()
 
 
-def starts_with_a(tasks: list[int], texts: list[str]) -> list[float]:
+def lowercase_share(tasks: list[int], texts: list[str]) -> list[float]:
     """A reward with variance on a random model: fraction of lowercase letters."""
     return [sum(c.islower() for c in t) / max(len(t), 1) for t in texts]
 
@@ -107,7 +107,7 @@ def test_pad_tokens_after_eos_do_not_change_the_loss(tok):
 
 
 def test_trainer_logprobs_match_sampler_and_ratio_is_one(tok):
-    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, starts_with_a, config(temperature=0.8))
+    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lowercase_share, config(temperature=0.8))
     ro = trainer.rollout()
     prompt_ids, prompt_mask = left_pad([trainer.prompt_tokens[t] for t in ro.task_indices],
                                        trainer.pad_id)
@@ -142,7 +142,7 @@ def test_clipping_zeroes_gradient_outside_the_trust_region():
 
 
 def test_second_update_pass_is_off_policy_and_clips(tok):
-    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, starts_with_a,
+    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lowercase_share,
                           config(updates_per_step=3, learning_rate=1e-2, clip_ratio=0.02))
     m = trainer.step()
     assert m["kl_sampler"] < 1e-6  # first pass: on-policy
@@ -167,7 +167,7 @@ def test_zero_variance_groups_are_skipped(tok):
 
 def test_lora_updates_only_adapter_weights(tok):
     model = tiny_model(tok)
-    trainer = GRPOTrainer(model, tok, PROMPTS, starts_with_a,
+    trainer = GRPOTrainer(model, tok, PROMPTS, lowercase_share,
                           config(lora_rank=4, learning_rate=1e-2, kl_coef=0.1))
     before = params(trainer.model)
     m = trainer.step()
@@ -181,7 +181,7 @@ def test_full_finetune_with_kl_keeps_reference_frozen(tok):
     base = tiny_model(tok)
     ref = tiny_model(tok)
     ref_before = params(ref)
-    trainer = GRPOTrainer(base, tok, PROMPTS, starts_with_a, config(kl_coef=0.5, max_steps=2),
+    trainer = GRPOTrainer(base, tok, PROMPTS, lowercase_share, config(kl_coef=0.5, max_steps=2),
                           ref_model=ref)
     hist = trainer.train()
     assert hist[0]["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # starts at the reference
@@ -191,7 +191,7 @@ def test_full_finetune_with_kl_keeps_reference_frozen(tok):
 
 def test_same_seed_same_run(tok):
     def run():
-        trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, starts_with_a, config(max_steps=3))
+        trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lowercase_share, config(max_steps=3))
         hist = trainer.train()
         return [h["reward_mean"] for h in hist], params(trainer.model)
 
@@ -199,13 +199,13 @@ def test_same_seed_same_run(tok):
     r2, p2 = run()
     assert r1 == r2
     assert all(torch.equal(p1[n], p2[n]) for n in p1)
-    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, starts_with_a, config(max_steps=3, seed=8))
+    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lowercase_share, config(max_steps=3, seed=8))
     assert [h["reward_mean"] for h in trainer.train()] != r1
 
 
 def test_micro_batches_match_one_batch(tok):
     def grads(micro):
-        trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, starts_with_a, config(max_steps=1),
+        trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lowercase_share, config(max_steps=1),
                               micro_batch_groups=micro)
         seen = {}
         trainer.opt.step = lambda: seen.update(
@@ -228,6 +228,20 @@ def test_bad_rewards_raise_a_clear_error(tok):
 
 
 def test_stop_between_steps(tok):
-    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, starts_with_a, config(max_steps=5))
+    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lowercase_share, config(max_steps=5))
     hist = trainer.train(should_stop=lambda: trainer.step_count >= 2)
     assert len(hist) == 2
+
+
+def test_training_raises_the_reward_and_its_negation_lowers_it(tok):
+    """The whole loop has the right sign: GRPO climbs a reward a random model can reach."""
+    def curve(reward):
+        trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, reward,
+                              config(max_steps=15, learning_rate=1e-2, prompts_per_step=4,
+                                     group_size=8, max_new_tokens=6))
+        return [m["reward_mean"] for m in trainer.train()]
+
+    up = curve(lowercase_share)
+    assert sum(up[-3:]) / 3 > up[0] + 0.2
+    down = curve(lambda t, c: [1.0 - r for r in lowercase_share(t, c)])
+    assert sum(down[-3:]) / 3 > down[0] + 0.2  # 1 - lowercase share rises: lowercase falls

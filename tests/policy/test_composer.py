@@ -155,3 +155,15 @@ def test_unknown_failures_and_refused_writes_blame_data_and_rubric():
     # nothing failed (e.g. the submit never ran): submit again without new decisions
     third = comp.act(_obs("max", first.message, Message("tool", "ok: wrote", tool_call_id="c0")))
     assert third.action_ids == [] and [c.name for c in third.message.tool_calls] == ["submit"]
+
+
+def test_act_is_thread_safe():
+    from concurrent.futures import ThreadPoolExecutor
+
+    comp = Composer(ComposerConfig(seed=8))
+    with ThreadPoolExecutor(4) as ex:
+        turns = list(ex.map(lambda t: comp.act(_obs(t)), ["sort", "add", "count", "shift"] * 3))
+    for turn in turns:
+        assert len(turn.action_ids) == len(comp.decisions)
+        for key, idx in zip(turn.action_keys, turn.action_ids, strict=True):
+            assert 0 <= idx < len(comp.decisions[key.partition("@")[0]])
