@@ -1,5 +1,6 @@
 """Pool scaling and dispatch overhead.
 
+0. The pool's own scaling, free of CPU contention: 8 one-second sleep jobs, 1 vs 2 workers.
 1. Scaling: 8 example jobs (examples/jobs/good-*, cycled, each with its own seed and `--max-steps`)
    through the real inner loop on a warm local pool of 1 worker, then of 2 workers, one torch
    thread per worker in both runs (so the comparison is the pool's, not torch's threading).
@@ -37,6 +38,36 @@ def noop_job(request, *, warm=None):
     from nestor.inner.types import JobResult
 
     return JobResult(status="ok")
+
+
+def sleep_job(request, *, warm=None):
+    """A job that holds its worker for 1 s without using a core: scaling with no CPU contention."""
+    from nestor.inner.types import JobResult
+
+    time.sleep(1.0)
+    return JobResult(status="ok")
+
+
+def sleep_scaling(out: Path, n: int) -> dict:
+    """The pool's own scaling: n one-second sleep jobs on 1 and on 2 warm workers."""
+    from nestor.inner.types import JobRequest
+    from nestor.pool import PoolConfig, make_pool
+
+    job = out / "sleep-job"
+    job.mkdir()
+    (job / "config.toml").write_text('base_model = "tiny-s"\n')
+    times = {}
+    for workers in (1, 2):
+        config = PoolConfig(workers=workers, job_fn="pool_scaling:sleep_job", warm_state=None,
+                            python_path=[str(HERE)], cost_matrix=out / "m.json")
+        with make_pool(config) as pool:
+            assert pool.wait_ready(120), "workers did not start"
+            t0 = time.monotonic()
+            futures = [pool.submit(JobRequest(job_dir=job, task_id="reverse")) for _ in range(n)]
+            assert all(f.result().status == "ok" for f in futures)
+            times[workers] = time.monotonic() - t0
+    return {"t_1_worker_s": round(times[1], 3), "t_2_workers_s": round(times[2], 3),
+            "speedup": round(times[1] / times[2], 3)}
 
 
 def example_jobs(n: int, max_steps: int, dest: Path) -> list[tuple[Path, str]]:
@@ -171,6 +202,8 @@ def main() -> None:
         figures["dispatch_overhead_local_s"] = round(local["mean_s"], 4)
         figures["dispatch_overhead_local_p95_s"] = round(local["p95_s"], 4)
         print(f"local dispatch overhead: {local}", flush=True)
+        figures["sleep_jobs"] = sleep_scaling(out, args.jobs)
+        print(f"{args.jobs} one-second sleep jobs: {figures['sleep_jobs']}", flush=True)
         if not args.no_ray:
             proc, address, ray_tmp = start_ray_head()
             try:

@@ -1,11 +1,11 @@
 """Validation-probe latency on a good example job (targets: p50 ≤ 3 s, p95 ≤ 6 s).
 
-Two series: `warm`, as an episode sees it (a spare sandbox host was started while the agent
-was writing, so the probe does not wait for the child's interpreter and verifiers import), and
-`cold`, where every probe starts its own host. Both run in one process, so the base model and
-tokenizer stay loaded after the first probe, as in a pool worker.
+Two series: `warm`, as an episode or pool worker sees it (the sandboxed host, a zygote that
+imported verifiers once, is already up and forks a fresh child for the job), and `cold`, where
+every probe starts its own host (interpreter + `import verifiers`, seconds). Both run in one
+process, so the base model and tokenizer stay loaded after the first probe.
 
-    .venv/bin/python benchmarks/validate_speed.py [--runs 10] [--job examples/jobs/good-reverse]
+    .venv/bin/python benchmarks/validate_speed.py [--runs 10] [--cold-runs 3] [--job DIR --task ID]
 
 The last line is one JSON object.
 """
@@ -37,6 +37,7 @@ def percentile(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--cold-runs", type=int, default=3)
     ap.add_argument("--job", default=str(ROOT / "examples/jobs/good-reverse"))
     ap.add_argument("--task", default="reverse")
     args = ap.parse_args()
@@ -51,16 +52,17 @@ def main() -> None:
 
     series: dict[str, list[float]] = {"warm": [], "cold": []}
     for i in range(args.runs):
-        for kind in ("warm", "cold"):
+        for kind in ("warm", "cold") if i < args.cold_runs else ("warm",):
             if kind == "warm":
                 prewarm(PROBE_LIMITS, wait=True)  # the agent is still writing its job
             t0 = time.perf_counter()
             report = validate_job(args.job, spec, warm=kind == "warm")
             series[kind].append(time.perf_counter() - t0)
             assert report.passed, report.summary()
-        print(f"run {i + 1}/{args.runs}: warm {series['warm'][-1]:.2f} s, "
-              f"cold {series['cold'][-1]:.2f} s")
-    out = {"job": Path(args.job).name, "runs": args.runs, "first_s": round(first_s, 3)}
+        cold = f", cold {series['cold'][-1]:.2f} s" if i < args.cold_runs else ""
+        print(f"run {i + 1}/{args.runs}: warm {series['warm'][-1]:.2f} s{cold}")
+    out = {"job": Path(args.job).name, "runs": args.runs, "cold_runs": args.cold_runs,
+           "first_s": round(first_s, 3)}
     for kind, xs in series.items():
         out[f"{kind}_p50_s"] = round(statistics.median(xs), 3)
         out[f"{kind}_p95_s"] = round(percentile(xs, 0.95), 3)

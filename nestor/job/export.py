@@ -35,7 +35,7 @@ def _seq_len(data: Path, max_new_tokens: int) -> int:
     """A power of two covering the longest prompt (characters bound tokens from above for
     every tokenizer we use) plus the completion."""
     longest = 0
-    with data.open(encoding="utf-8") as fh:
+    with data.open(encoding="utf-8", errors="replace") as fh:
         for line in fh:
             try:
                 longest = max(longest, len(json.loads(line).get("prompt", "")))

@@ -37,6 +37,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import signal
 import sys
 import time
@@ -147,7 +148,7 @@ def _guard_reward(task_cls: type, name: str) -> None:
         value = await result
         values = value.values() if isinstance(value, dict) else [value]
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, int | float):
+            if not isinstance(v, int | float):  # bools count: float(True) is 1.0
                 raise TypeError(f"reward {name}() returned {type(v).__name__} {v!r:.40}; "
                                 "return a float in [0, 1]")
         return value
@@ -361,6 +362,26 @@ def _exit_reason(status: int) -> str:
         "(os._exit or a crash in the job's code)"
 
 
+def _clear_tmp() -> None:
+    """Remove what the job left in the sandbox's private tmp, so the next job starts clean
+    (only files of our own private uid: nothing else's is touched)."""
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    try:
+        entries = list(os.scandir(tmp))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+
+
 def _reap(pid: int) -> None:
     """Kill what the job's child left behind: its process group, and (under the sandbox's
     private uid, where nothing else of ours runs) every other process but this one."""
@@ -373,6 +394,7 @@ def _reap(pid: int) -> None:
             os.kill(-1, signal.SIGKILL)  # Linux spares the caller
         except OSError:
             pass
+        _clear_tmp()
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass

@@ -5,13 +5,13 @@ runs only in the sandboxed host (tasksource.py); this module sees plain data. A 
 inputs are missing (an earlier check failed) is left out rather than reported as a failure, so
 a report names the first thing to fix in each chain:
 
-  files -> config -> budget                      (trusted: reads files as data)
+  files -> config -> budget                (trusted: reads files as data)
   files -> dataset
   files -> imports -> taskset -> load -> context
-                                     -> rewards_valid -> deterministic, reward_speed,
-                                        reference_beats_empty, reference_beats_corrupted,
-                                        not_constant
-                                     -> dry_run  (a few base-model rollouts through the rubric)
+                                load -> rewards_valid -> reward_speed -> deterministic
+                                        -> reference_beats_empty, reference_beats_corrupted,
+                                           not_constant
+  context + rewards_valid -> dry_run      (a few base-model rollouts scored by the rubric)
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ PoolError within `connect_timeout_s`.
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import threading
@@ -70,6 +71,17 @@ def _host_port(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise PoolError(f"Ray address {address!r} is not 'auto', 'host:port' or 'ray://host:port'")
     return host, int(port)
+
+
+class _QuietThreadInit(logging.Filter):
+    """ray.init off the main thread warns that it set no SIGTERM handler: intended here (the
+    harness, not Ray, decides what SIGTERM does), so the warning is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+logging.getLogger("ray._private.worker").addFilter(_QuietThreadInit())
 
 
 def connect(address: str, timeout_s: float) -> bool:

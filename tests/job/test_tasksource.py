@@ -7,6 +7,7 @@ import pytest
 
 from nestor.job import tasksource
 from nestor.job.tasksource import JobTaskSource, TaskSourceError
+from nestor.sandbox import sandbox_backend
 
 GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
 
@@ -63,6 +64,34 @@ def test_a_dead_child_keeps_its_host(tmp_path):
         host = src._zygote
     with JobTaskSource(GOOD) as src:
         assert src._zygote is host and len(src.prompts()) == 2000
+
+
+def test_each_job_gets_its_own_cpu_limit(tmp_path):
+    from nestor.job.tasksource import TRAIN_LIMITS, Timeouts
+
+    spin = _copy(tmp_path, "spin", lambda s: s.replace("    def load(self):\n",
+                                                       "    def load(self):\n        while True: pass\n"))
+    limits = TRAIN_LIMITS.model_copy(update={"cpu_s": 1})
+    with JobTaskSource(spin, limits=limits, timeouts=Timeouts(load_s=30)) as src:
+        with pytest.raises(TaskSourceError, match="CPU time limit"):
+            src.load()
+        host = src._zygote
+    with JobTaskSource(GOOD) as src:  # the host itself keeps its generous allowance
+        assert src._zygote is host and src.score([0], ["bume"]) == [1.0]
+
+
+@pytest.mark.skipif(sandbox_backend() != "bubblewrap", reason="a private /tmp needs bubblewrap")
+def test_the_next_job_finds_a_clean_tmp(tmp_path):
+    a = _copy(tmp_path, "a", lambda s: "open('/tmp/note', 'w').write('from job a')\n" + s)
+    b = _copy(tmp_path, "b", lambda s: s.replace(
+        "return float(normalise(trace.last_reply) == self.data.answer)",
+        "import os\n        return float(os.path.exists('/tmp/note'))"))
+    with JobTaskSource(a) as src:
+        src.load()
+        host = src._zygote
+    with JobTaskSource(b) as src:
+        assert src._zygote is host
+        assert src.score_batch([0], ["x"]).components[0]["exact"] == 0.0
 
 
 def test_a_job_that_forges_replies_costs_its_host(tmp_path):

@@ -31,11 +31,8 @@ class ReverseTask(vf.Task[ReverseData]):
 
     @vf.reward(weight=0.5)
     async def positions(self, trace: vf.Trace) -> float:
-        """Matching characters position by position, over the longer of reply and answer
-        (so padding the reply with extra letters costs credit)."""
-        reply, answer = normalise(trace.last_reply), self.data.answer
-        same = sum(a == b for a, b in zip(reply, answer, strict=False))
-        return same / max(len(reply), len(answer))
+        """Partial credit by edit-distance similarity."""
+        return Levenshtein.ratio(normalise(trace.last_reply), self.data.answer)
 
 
 class ReverseTaskset(vf.Taskset[ReverseTask, vf.TasksetConfig]):
