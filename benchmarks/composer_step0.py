@@ -24,6 +24,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=150.0, help="job wall cap, s")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--models", nargs="+", default=["tiny-s", "tiny-m"],
+                    help="base models the composer chooses among")
     ap.add_argument("--no-train", action="store_true", help="validate only (no pool)")
     ap.add_argument("--run-dir", type=Path, default=Path("runs") / "composer-step0")
     args = ap.parse_args()
@@ -40,8 +42,9 @@ def main() -> None:
     torch.set_num_threads(1)
     tasks = [r.id for r in TaskRegistry().training_tasks()]
     reg = TaskRegistry()
-    policy = Composer(ComposerConfig(seed=args.seed, token_budget=args.budget))
-    cfg = EpisodeConfig(token_budget=args.budget, job_timeout_s=args.timeout)
+    policy = Composer(ComposerConfig(seed=args.seed, token_budget=args.budget,
+                                     base_models=args.models))
+    cfg = EpisodeConfig(token_budget=args.budget, job_timeout_s=args.timeout, models=args.models)
     pool = None if args.no_train else make_pool(PoolConfig(workers=args.workers))
     rows = []
     t0 = time.perf_counter()
@@ -76,6 +79,7 @@ def main() -> None:
         "end_reasons": dict(Counter(r["end_reason"] for r in rows)),
         "failed_checks": dict(Counter(c for r in rows for c in r["failed_checks"])),
         "budget": args.budget,
+        "models": args.models,
         "wall_s": round(time.perf_counter() - t0, 1),
         "run_dir": str(args.run_dir),
     }

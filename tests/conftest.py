@@ -1,7 +1,12 @@
 """Shared test setup: keep torch to the 2 cores we have and caches out of $HOME."""
 
 import os
+import socket
+import subprocess
+import sys
+import time
 
+import httpx
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -13,3 +18,33 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     """Each test session gets its own nestor cache (pre-scores, cost matrix)."""
     cache = tmp_path_factory.getbasetemp() / "nestor-cache"
     monkeypatch.setenv("NESTOR_CACHE", str(cache))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def served_tiny_s():
+    """A real `nestor serve --model tiny-s` on loopback; yields its /v1 base URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "nestor.cli.main", "serve", "--model",
+                             "tiny-s", "--port", str(port), "--max-tokens", "24"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        for _ in range(240):
+            try:
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        else:
+            proc.kill()
+            raise RuntimeError(proc.stdout.read().decode()[-2000:])
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

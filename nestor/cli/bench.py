@@ -86,3 +86,86 @@ def matrix(
 
 def register(root: typer.Typer) -> None:
     root.add_typer(app, name="bench")
+
+
+@app.command("agents")
+def agents(
+    policy: str = typer.Option(..., "--policy", help="openai:MODEL (any OpenAI-compatible "
+                               "endpoint) or composer."),
+    base_url: str = typer.Option("https://api.openai.com/v1", "--base-url",
+                                 help="Chat-completions base URL (e.g. a `nestor serve`)."),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env",
+                                    help="Environment variable holding the API key."),
+    tasks: str = typer.Option("all", "--tasks", help="Comma-separated task ids, or all "
+                              "(training families)."),
+    episodes: int = typer.Option(2, "--episodes", min=1, help="Episodes per task."),
+    max_retries: int = typer.Option(5, "--max-retries", min=0, max=20,
+                                    help="Retries (exponential backoff) on 429, 5xx, no answer."),
+    budget: int = typer.Option(20_000, "--budget", min=1000, help="Sampled-token cap per job."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Local pool workers."),
+    max_turns: int = typer.Option(12, "--max-turns", min=1, max=200),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Where episodes are recorded."),
+    leaderboard: Path = typer.Option(Path("leaderboard.csv"), "--leaderboard",
+                                     help="CSV the row is appended to."),
+    json_: bool = JsonOpt,
+) -> None:
+    """Run episodes with an untrained job writer and append a leaderboard row."""
+    import time
+
+    from nestor.agent.bench import append_row, leaderboard_row, run_benchmark
+    from nestor.agent.episode import EpisodeConfig
+    from nestor.ledger import Ledger
+    from nestor.pool.base import PoolError, make_pool
+    from nestor.pool.config import PoolConfigError, load_pool_config
+    from nestor.tasks import TaskError
+
+    reg = registry()
+    try:
+        refs = reg.training_tasks() if tasks == "all" else [reg.get(t) for t in tasks.split(",")]
+    except TaskError as exc:
+        fail(str(exc))
+    usage = None
+    if policy.startswith("openai:"):
+        from nestor.policy.openai_compat import OpenAICompatPolicy, PolicyError
+
+        try:
+            pol = OpenAICompatPolicy(model=policy.split(":", 1)[1], base_url=base_url,
+                                     api_key_env=api_key_env, max_retries=max_retries)
+        except PolicyError as exc:
+            fail(str(exc))
+        usage = pol.usage
+    elif policy == "composer":
+        from nestor.policy.composer import Composer, ComposerConfig
+
+        pol = Composer(ComposerConfig(token_budget=budget))
+    else:
+        fail(f"unknown --policy {policy!r}; use openai:MODEL or composer")
+    run_dir = run_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+    cfg = EpisodeConfig(max_turns=max_turns, token_budget=budget)
+    try:
+        pool = make_pool(load_pool_config(workers=workers))
+    except (PoolError, PoolConfigError) as exc:
+        fail(str(exc))
+    specs = [r.spec() for r in refs]
+    try:
+        with Ledger(run_dir) as ledger, console.status("benchmarking…") as status:
+            done: list = []
+
+            def progress(rec) -> None:
+                done.append(rec)
+                status.update(f"{len(done)}/{len(specs) * episodes} episodes; last "
+                              f"{rec.task_id}: {rec.end_reason}, reward {rec.reward:.3f}")
+
+            records = run_benchmark(pol, policy, specs, episodes, pool, ledger, cfg,
+                                    concurrency=workers, on_episode=progress)
+    finally:
+        pool.shutdown()
+    row = leaderboard_row(policy, [r.id for r in refs], records, usage)
+    append_row(leaderboard, row)
+    if json_:
+        print_json({**row, "leaderboard": str(leaderboard), "run_dir": str(run_dir)})
+        return
+    table = Table(*row.keys())
+    table.add_row(*("" if v is None else str(v) for v in row.values()))
+    Console().print(table)
+    console.print(f"appended to {leaderboard}; episodes in {run_dir}")

@@ -45,6 +45,12 @@ def pretrain_cmd(
                                                          "bundled directory of the model)."),
     seed: int = typer.Option(0, "--seed", help="Seed of corpus, init and data order."),
     threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads."),
+    test_format_share: float | None = typer.Option(
+        None, "--test-format-share", min=0, max=1, help="Corpus share in the exact test format."),
+    list_share: float | None = typer.Option(None, "--list-share", min=0, max=1,
+                                            help="Corpus share of short lists of one skill."),
+    hard_share: float | None = typer.Option(None, "--hard-share", min=0, max=1,
+                                            help="Share of inputs at difficulty 1."),
     json_: bool = JsonOpt,
 ) -> None:
     """Pretrain a tiny model from scratch on the synthetic corpus (seeded, reproducible)."""
@@ -61,8 +67,10 @@ def pretrain_cmd(
 
     if model not in TINY_ARCH:
         fail(f"cannot pretrain {model!r}: only {', '.join(TINY_ARCH)} are pretrained here")
+    overrides = {"steps": steps, "test_format_share": test_format_share,
+                 "list_share": list_share, "hard_share": hard_share}
     cfg = PretrainConfig(model=model, seed=seed, threads=threads,
-                         **({"steps": steps} if steps else {}))
+                         **{k: v for k, v in overrides.items() if v is not None})
     out_dir = out or BUNDLED_DIR / model
     with Progress(TextColumn("pretrain {task.fields[model]}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),

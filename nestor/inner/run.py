@@ -11,6 +11,7 @@ scores computed here, in the trusted process, on weights held as tensors.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -124,7 +125,8 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
     warm = warm or WarmState()
     from nestor.job.tasksource import prewarm
 
-    prewarm()  # the reward server's child imports verifiers while we load the model and pre-score
+    with contextlib.suppress(Exception):  # only a head start; JobTaskSource reports real trouble
+        prewarm()  # the reward server's child imports verifiers while we load and pre-score
     history: list[dict] = []
     train_s = 0.0
     timings: dict[str, float] = {}

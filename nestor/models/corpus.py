@@ -24,10 +24,10 @@ from nestor.tasks import TaskRef, TaskRegistry
 class CorpusMix:
     """Shares of document kinds; the rest are paraphrased single rows and lists."""
 
-    test_format_share: float = 0.08  # chat rows in the exact test format
+    test_format_share: float = 0.2  # chat rows in the exact test format
     tool_share: float = 0.02  # tool-call / code / TOML chats
-    list_share: float = 0.25  # plain lists of 3-6 rows of one skill
-    hard_share: float = 0.2  # rows drawn at difficulty 1 (longer inputs)
+    list_share: float = 0.35  # plain lists of 3-6 rows of one skill
+    hard_share: float = 0.1  # rows drawn at difficulty 1 (longer inputs)
 
 
 def chat(user: str, assistant: str) -> str:

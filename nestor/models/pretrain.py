@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
-from nestor.models.corpus import build_corpus
+from nestor.models.corpus import CorpusMix, build_corpus
 from nestor.models.tokenizer import build_char_tokenizer
 
 # Architecture of the tiny models (Qwen3 blocks: GQA, RMSNorm, SwiGLU, RoPE, q/k norm).
@@ -42,6 +42,10 @@ class PretrainConfig(BaseModel):
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     n_docs: int = Field(20_000, ge=100, description="Corpus documents (sampled windows draw "
                                                      "from their packed stream).")
+    test_format_share: float = Field(0.2, ge=0, le=1, description="Corpus share of chat rows "
+                                     "in the exact test format.")
+    list_share: float = Field(0.35, ge=0, le=1, description="Corpus share of 3-6 row lists.")
+    hard_share: float = Field(0.1, ge=0, le=1, description="Share of inputs at difficulty 1.")
     seed: int = Field(0, description="Seeds the corpus, the init and the window order.")
     threads: int = Field(1, ge=1, le=256, description="torch CPU threads.")
     bf16: bool = Field(True, description="bf16 autocast for the forward pass (weights and "
@@ -81,7 +85,9 @@ def pretrain(cfg: PretrainConfig, out_dir: Path,
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     tokenizer = build_char_tokenizer(model_max_length=MAX_POSITIONS)
-    docs = build_corpus(cfg.n_docs, seed=cfg.seed)
+    mix = CorpusMix(test_format_share=cfg.test_format_share, list_share=cfg.list_share,
+                    hard_share=cfg.hard_share)
+    docs = build_corpus(cfg.n_docs, seed=cfg.seed, mix=mix)
     stream = token_stream(docs, tokenizer)  # [N]
     config = model_config(cfg.model, len(tokenizer), tokenizer.pad_token_id,
                           tokenizer.eos_token_id)

@@ -68,6 +68,11 @@ class RunConfig(_Section):
                                     "(nestor.agent.episode.EpisodeConfig: max_turns, "
                                     "max_attempts, job_timeout_s, models, ...).")
 
+    heldout_every: int = Field(0, ge=0, le=100000, description="Held-out transfer eval every "
+                               "N steps (0 = only after the last step); see heldout_episodes.")
+    heldout_episodes: int = Field(0, ge=0, le=1000, description="Episodes per held-out task "
+                                  "and arm (trained / untrained) per eval; 0 = no held-out eval.")
+
     def pool_config(self):
         """The [pool] table as the pool's own config; errors become one line."""
         from nestor.pool.config import PoolConfig

@@ -76,7 +76,8 @@ def ledger_episodes(ledger, run_dir: Path) -> list[EpisodeSummary]:
     """Finished episodes of this loop as recorded in the ledger (group_id "G:SLOT").
 
     A resume reuses them: an episode that finished just before a kill, after the ledger
-    recorded it but before the loop's journal did, is not run again.
+    recorded it but before the loop's journal did, is not run again. Episodes cut short by the
+    end of a run (policy stopped, pool shut down) are not reused: their rewards are not real.
     """
     from nestor.policy.base import Turn
 
@@ -85,7 +86,12 @@ def ledger_episodes(ledger, run_dir: Path) -> list[EpisodeSummary]:
         gid, sep, slot = (row.get("group_id") or "").partition(":")
         if not sep or not gid.isdigit() or not slot.isdigit():
             continue
+        if row["end_reason"] == "policy_error":  # e.g. stopped because the run ended
+            continue
         full = ledger.episode(row["id"])
+        results = [j["result"] for j in full["jobs"] if j["result"]]
+        if any(r["status"] == "lost" for r in results):  # the pool went away: run it again
+            continue
         turns = [Turn.from_dict(t) for t in full["turns"] if t["role"] == "assistant"]
         job_dir = run_dir / "episodes" / row["id"] / "job"
         info: dict[str, Any] = {
@@ -95,7 +101,6 @@ def ledger_episodes(ledger, run_dir: Path) -> list[EpisodeSummary]:
             "malformed_calls": sum(1 for t in turns if t.parse_error),
             "knobs_changed": knobs_changed(job_dir) if job_dir.is_dir() else None,
             "cost_usd": 0.0}
-        results = [j["result"] for j in full["jobs"] if j["result"]]
         if results:
             res = results[-1]
             info.update(job_status=res["status"], improvement=res.get("improvement"),

@@ -63,9 +63,21 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
     ledger = Ledger(run_dir)
     pool = MeteredPool(make_pool(config.pool_config()))
 
+    heldout = None
+    if config.heldout_episodes > 0:
+        from nestor.outer.heldout import HeldoutEval
+
+        heldout = HeldoutEval(run_dir=run_dir, registry=registry, pool=pool, ledger=ledger,
+                              episode_config=config.episode_config(),
+                              difficulty=config.difficulty, every=config.heldout_every,
+                              episodes=config.heldout_episodes,
+                              make_untrained_policy=lambda: make_policy(config))
+
     def on_step(row: dict[str, Any], ckpt: Path) -> None:
         ledger.add_policy_version(policy.name, row["policy_version"], path=str(ckpt),
                                   metrics={k: v for k, v in row.items() if k != "train"})
+        if heldout is not None and heldout.due(row["step"], final=row["step"] == config.steps):
+            heldout.run(loop.policy, row["step"])  # blocks training; episodes keep running
 
     loop = OuterLoop(config, policy, make_episode_fn(config, registry, pool, ledger, run_dir),
                      run_dir, pool=pool, progress=progress, on_step=on_step)

@@ -233,6 +233,7 @@ def test_stop_between_steps(tok):
     assert len(hist) == 2
 
 
+@pytest.mark.slow
 def test_training_raises_the_reward_and_its_negation_lowers_it(tok):
     """The whole loop has the right sign: GRPO climbs a reward a random model can reach."""
     def curve(reward):

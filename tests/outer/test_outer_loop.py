@@ -151,6 +151,9 @@ def test_resume_reuses_episodes_the_ledger_recorded(tmp_path):
         ledger.finish_episode(eid, end_reason="ok", reward=reward, components={"r": reward})
     ledger.start_episode("other", task_id="t1", family="f", difficulty=0, policy="bandit",
                          policy_version=0, config={})  # not the loop's: ignored
+    ledger.start_episode("cut", task_id="t1", family="f", difficulty=0, policy="bandit",
+                         policy_version=0, config={}, group_id="1:0")
+    ledger.finish_episode("cut", end_reason="policy_error", reward=0.0, components={})
     recorded = ledger_episodes(ledger, tmp_path)
     assert sorted((e.group_id, e.slot) for e in recorded) == [(0, 0), (0, 1)]
     assert recorded[0].turns[0].sample_logprobs == [-1.3]

@@ -1,11 +1,7 @@
 """The OpenAI-compatible policy against a real `nestor serve` and a misbehaving endpoint."""
 
 import json
-import socket
-import subprocess
-import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
@@ -14,40 +10,14 @@ import pytest
 from nestor.policy.base import Message, Observation
 from nestor.policy.openai_compat import OpenAICompatPolicy, PolicyError, parse_openai_message
 from nestor.serve import openai_reply
+from tests.conftest import free_port
 
 TOOLS = [{"type": "function", "function": {"name": "list_files", "description": "List files.",
                                            "parameters": {"type": "object", "properties": {}}}}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "nestor.cli.main", "serve", "--model", "tiny-s",
-                             "--port", str(port), "--max-tokens", "24"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        for _ in range(120):
-            try:
-                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError(proc.stdout.read().decode()[-2000:])
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def test_policy_talks_to_nestor_serve(server):
+def test_policy_talks_to_nestor_serve(served_tiny_s):
+    server = served_tiny_s
     policy = OpenAICompatPolicy(model="tiny-s", base_url=server, temperature=0, max_tokens=24)
     obs = Observation(messages=[Message("system", "You write jobs."),
                                 Message("user", "reverse abc")], tools=TOOLS)
@@ -60,7 +30,8 @@ def test_policy_talks_to_nestor_serve(server):
         policy.train_step([])
 
 
-def test_server_rejects_prompt_over_context(server):
+def test_server_rejects_prompt_over_context(served_tiny_s):
+    server = served_tiny_s
     resp = httpx.post(f"{server}/chat/completions", json={
         "messages": [{"role": "user", "content": "x" * 20_000}]}, timeout=30)
     assert resp.status_code == 400 and "context" in resp.text
@@ -119,7 +90,7 @@ def test_retries_429_then_succeeds():
 
 
 def test_unreachable_endpoint_and_missing_key(monkeypatch):
-    port = _free_port()  # nothing listens here
+    port = free_port()  # nothing listens here
     policy = OpenAICompatPolicy(model="m", base_url=f"http://127.0.0.1:{port}/v1",
                                 max_retries=2, backoff_s=0.01)
     with pytest.raises(PolicyError, match="cannot reach"):
