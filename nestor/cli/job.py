@@ -159,8 +159,7 @@ def train(
         from rich.table import Table
 
         colour = "green" if result.status == "ok" else "red"
-        table = Table(show_header=False, title=f"{job_dir} on {task}: "
-                      f"[{colour}]{result.status}[/{colour}]")
+        table = Table(show_header=False)
         for key in fields[1:-1]:
             value = shown[key]
             if isinstance(value, float):
@@ -168,6 +167,8 @@ def train(
             elif key == "reward_curve":
                 value = " ".join(f"{r:.2f}" for r in value)
             table.add_row(key, "-" if value is None else str(value))
+        Console().print(f"{job_dir} on {task}: [{colour}]{result.status}[/{colour}]",
+                        highlight=False)
         Console().print(table)
         if result.status != "ok" and result.log_tail:
             console.print(result.log_tail, highlight=False, markup=False)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nestor.policy.base import Message, Observation, TrainItem
+from nestor.policy.base import Message, Observation, TrainItem, Turn
 from nestor.policy.chat import parse_assistant
 from nestor.policy.lm import LMPolicy, importance_sampling_loss, token_logprobs
 
@@ -114,9 +114,20 @@ def test_clipping_is_pessimistic():
 
 
 def test_train_step_changes_only_lora_and_moves_logprobs(agent, tmp_path):
-    turns = [agent.act(obs()) for _ in range(2)]
+    # Two distinct replies in the same context (a sampled one may be near-deterministic), with
+    # their logprobs recorded as the sampler would: one rewarded, one penalised.
+    sampled = agent.act(obs())
+    ctx = sampled.context_ids
+    replies = ["<tool_call>", "hello"]
+    turns = []
+    for text in replies:
+        ids = agent.tokenizer(text, add_special_tokens=False).input_ids + [agent.eos_id]
+        with torch.no_grad():
+            lp = token_logprobs(agent.model, ctx, ids, agent.temperature).tolist()
+        turns.append(Turn(message=sampled.message, action_ids=ids, sample_logprobs=lp,
+                          context_ids=ctx))
     before = {n: p.detach().clone() for n, p in agent.model.named_parameters()}
-    ctx, act = turns[0].context_ids, turns[0].action_ids
+    act = turns[0].action_ids
     with torch.no_grad():
         lp0 = token_logprobs(agent.model, ctx, act, agent.temperature).sum()
     v0 = agent.version
