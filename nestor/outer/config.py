@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
@@ -137,45 +138,12 @@ def load_run_config(path: Path) -> RunConfig:
     return parse_run_config(data, str(path))
 
 
-def dump_toml(data: dict[str, Any]) -> str:
-    """TOML for the resolved config (scalars, lists of scalars, nested tables; no None)."""
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        if isinstance(v, str | Path):
-            return _quote(str(v))
-        if isinstance(v, list | tuple):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-    lines: list[str] = []
-    tables: list[tuple[str, dict]] = []
-    for k, v in data.items():
-        if v is None:
-            continue
-        if isinstance(v, dict):
-            tables.append((k, v))
-        else:
-            lines.append(f"{k} = {value(v)}")
-    for name, table in tables:
-        body = dump_toml(table)
-        lines.append("")
-        # Nested tables become dotted sub-tables via the recursive call's own headers.
-        lines.append(f"[{name}]")
-        lines.extend(_prefix_tables(body, name).splitlines())
-    return "\n".join(lines).strip() + "\n"
-
-
-def _prefix_tables(body: str, prefix: str) -> str:
-    return "\n".join(f"[{prefix}.{ln[1:]}" if ln.startswith("[") else ln for ln in body.splitlines())
-
-
-def _quote(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+def _drop_none(data: Any) -> Any:
+    """TOML has no null: unset optional fields are left out of the resolved config."""
+    if isinstance(data, dict):
+        return {k: _drop_none(v) for k, v in data.items() if v is not None}
+    return data
 
 
 def save_run_config(config: RunConfig, path: Path) -> None:
-    path.write_text(dump_toml(config.model_dump(mode="json")), encoding="utf-8")
+    path.write_text(tomli_w.dumps(_drop_none(config.model_dump(mode="json"))), encoding="utf-8")
