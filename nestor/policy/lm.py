@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from nestor.models.sampler import sample
 from nestor.policy.base import Observation, TrainItem, Turn
 from nestor.policy.chat import parse_assistant, to_hf_messages
 
@@ -130,22 +131,11 @@ class LMPolicy:
     @torch.no_grad()
     def sample(self, context_ids: list[int]) -> tuple[list[int], list[float]]:
         """One turn: sampled ids (ending in eos unless cut) and their logprobs."""
-        ids = torch.tensor([context_ids], device=self.device)  # [1, L]
-        out = self.model(input_ids=ids, use_cache=True)
-        past, logits = out.past_key_values, out.logits[0, -1]  # [V]
-        actions: list[int] = []
-        logprobs: list[float] = []
-        for _ in range(self.max_new_tokens):
-            logp = F.log_softmax(logits.float() / self.temperature, dim=-1)  # [V]
-            token = int(torch.multinomial(logp.exp().cpu(), 1, generator=self.generator))
-            actions.append(token)
-            logprobs.append(float(logp[token]))
-            if token == self.eos_id:
-                break
-            out = self.model(input_ids=torch.tensor([[token]], device=self.device),
-                             past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[0, -1]
-        return actions, logprobs
+        out = sample(self.model, [context_ids], self.max_new_tokens, eos_id=self.eos_id,
+                     pad_id=self.tokenizer.pad_token_id, temperature=self.temperature,
+                     generator=self.generator, tokenizer=self.tokenizer)
+        keep = out.completion_mask[0]  # [T] True on sampled tokens, eos included
+        return out.completion_ids[0][keep].tolist(), out.logprobs[0][keep].tolist()
 
     def act(self, obs: Observation) -> Turn:
         context = self.render(obs)
