@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
+import os
+import signal
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -62,6 +64,10 @@ class LocalPool(ScheduledPool):
     def _kill(self, slot: Slot) -> None:
         proc: _Proc = slot.handle
         if proc.process.is_alive():
+            try:  # the worker's process group: it and whatever it started that stayed there
+                os.killpg(proc.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # not yet its own group (killed while starting): the pid alone is enough
             proc.process.kill()
         proc.process.join(timeout=5)
         proc.conn.close()

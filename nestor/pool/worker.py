@@ -55,7 +55,12 @@ def local_worker_main(conn, job_fn: str, warm_state: str | None, threads: int,
                       python_path: list[str]) -> None:
     """Entry point of a spawned local worker. Messages out: ('ready', info) | ('error', text) |
     ('result', json); in: a request's JSON, or None to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # A worker is a daemon: its own session and process group, so the pool can kill it with
+    # everything it started as one unit, and terminal signals (Ctrl-C) stay with the parent.
+    # (Under the kernel's autogroup scheduling this also makes each worker its own CPU-share
+    # group, as separate jobs on one machine would be.)
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         worker = WarmWorker(job_fn, warm_state, threads, python_path)
     except BaseException as exc:
