@@ -1,6 +1,7 @@
 """Pool scaling and dispatch overhead.
 
-0. The pool's own scaling, free of CPU contention: 8 one-second sleep jobs, 1 vs 2 workers.
+0. The pool's own scaling: 8 one-second sleep jobs (no CPU), then 8 one-core matmul jobs
+   (~1 s of CPU each), 1 vs 2 workers.
 1. Scaling: 8 example jobs (examples/jobs/good-*, cycled, each with its own seed and `--max-steps`)
    through the real inner loop on a warm local pool of 1 worker, then of 2 workers, one torch
    thread per worker in both runs (so the comparison is the pool's, not torch's threading).
@@ -48,20 +49,37 @@ def sleep_job(request, *, warm=None):
     return JobResult(status="ok")
 
 
-def sleep_scaling(out: Path, n: int) -> dict:
-    """The pool's own scaling: n one-second sleep jobs on 1 and on 2 warm workers."""
+def cpu_job(request, *, warm=None):
+    """A job that keeps one core busy (~1 s of single-thread matmuls): CPU scaling alone."""
+    import torch
+
+    from nestor.inner.types import JobResult
+
+    a = torch.randn(256, 256)
+    for _ in range(1500):
+        a = torch.tanh(a @ a.T / 256)
+    return JobResult(status="ok")
+
+
+def synthetic_scaling(out: Path, n: int, fn: str) -> dict:
+    """The pool's own scaling: n synthetic jobs on 1 and on 2 warm workers."""
     from nestor.inner.types import JobRequest
     from nestor.pool import PoolConfig, make_pool
 
-    job = out / "sleep-job"
+    job = out / f"{fn}-job"
     job.mkdir()
     (job / "config.toml").write_text('base_model = "tiny-s"\n')
     times = {}
     for workers in (1, 2):
-        config = PoolConfig(workers=workers, job_fn="pool_scaling:sleep_job", warm_state=None,
-                            python_path=[str(HERE)], cost_matrix=out / "m.json")
+        config = PoolConfig(workers=workers, job_fn=f"pool_scaling:{fn}", warm_state=None,
+                            python_path=[str(HERE)], cost_matrix=out / "m.json",
+                            threads_per_worker=1)
         with make_pool(config) as pool:
             assert pool.wait_ready(120), "workers did not start"
+            # one untimed job per worker: imports (torch) are start-up, not scaling
+            warmup = [pool.submit(JobRequest(job_dir=job, task_id="reverse"))
+                      for _ in range(workers)]
+            assert all(f.result().status == "ok" for f in warmup)
             t0 = time.monotonic()
             futures = [pool.submit(JobRequest(job_dir=job, task_id="reverse")) for _ in range(n)]
             assert all(f.result().status == "ok" for f in futures)
@@ -202,8 +220,10 @@ def main() -> None:
         figures["dispatch_overhead_local_s"] = round(local["mean_s"], 4)
         figures["dispatch_overhead_local_p95_s"] = round(local["p95_s"], 4)
         print(f"local dispatch overhead: {local}", flush=True)
-        figures["sleep_jobs"] = sleep_scaling(out, args.jobs)
+        figures["sleep_jobs"] = synthetic_scaling(out, args.jobs, "sleep_job")
         print(f"{args.jobs} one-second sleep jobs: {figures['sleep_jobs']}", flush=True)
+        figures["cpu_jobs"] = synthetic_scaling(out, args.jobs, "cpu_job")
+        print(f"{args.jobs} one-core matmul jobs: {figures['cpu_jobs']}", flush=True)
         if not args.no_ray:
             proc, address, ray_tmp = start_ray_head()
             try:

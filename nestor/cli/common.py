@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True)
 
@@ -18,7 +19,7 @@ JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """A user mistake: one line on stderr, no traceback, exit 2 (or `code`)."""
-    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
