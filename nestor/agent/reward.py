@@ -57,14 +57,18 @@ def compute_reward(result: JobResult | None, *, passed_on: int | None, max_attem
     efficiency = validation_efficiency(passed_on, max_attempts)
     speed = speed_score(result, timeout_s)
     speed_counted = improvement > 0
-    reward = (cfg.w_improvement * improvement + cfg.w_valid * efficiency
-              + (cfg.w_speed * speed if speed_counted else 0.0))
+    # The weighted terms sum to the reward; reports stack them.
+    terms = {"weighted_improvement": cfg.w_improvement * improvement,
+             "weighted_validation": cfg.w_valid * efficiency,
+             "weighted_speed": cfg.w_speed * speed if speed_counted else 0.0}
+    reward = sum(terms.values())
     components = {
         "improvement": improvement,
         "validation_efficiency": efficiency,
         "speed": speed,
         "speed_counted": speed_counted,
         "weights": cfg.model_dump(),
+        **terms,
         "reward": reward,
     }
     return reward, components

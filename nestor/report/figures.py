@@ -30,18 +30,26 @@ def _series(data: RunData, key: str) -> tuple[list[int], list[float]]:
 
 
 def reward(data: RunData) -> Figure | None:
-    """Mean reward per step, with its weighted components stacked beneath it."""
-    steps, means = _series(data, "reward_mean")
-    if not steps:
+    """Mean reward per step, and beneath it the weighted terms that sum to it: positive terms
+    stacked up from zero, negative ones (a job that made the model worse) stacked down."""
+    rows = [r for r in data.steps if r.get("reward_mean") is not None]
+    if not rows:
         return None
-    fig, ax = _fig("Reward per outer step (components stacked)")
-    names = sorted({k for r in data.steps for k in (r.get("reward_components") or {})})
-    layers = [[(r.get("reward_components") or {}).get(k) or 0.0 for r in data.steps
-               if r.get("reward_mean") is not None] for k in names]
-    if layers:
-        pos = [[max(v, 0.0) for v in layer] for layer in layers]
-        ax.stackplot(steps, *pos, labels=names, alpha=0.55)
-    ax.plot(steps, means, color="black", lw=2, marker="o", ms=3, label="reward (mean)")
+    fig, ax = _fig("Reward per outer step, and the weighted terms that sum to it")
+    steps = [r["step"] for r in rows]
+    names = sorted({k for r in rows for k in (r.get("reward_components") or {})
+                    if k.startswith("weighted_")})
+    up, down = [0.0] * len(rows), [0.0] * len(rows)
+    for name in names:
+        vals = [(r.get("reward_components") or {}).get(name) or 0.0 for r in rows]
+        base = [u if v >= 0 else d for v, u, d in zip(vals, up, down, strict=True)]
+        ax.bar(steps, vals, bottom=base, width=0.7, alpha=0.6,
+               label=name.removeprefix("weighted_"))
+        up = [u + max(v, 0.0) for u, v in zip(up, vals, strict=True)]
+        down = [d + min(v, 0.0) for d, v in zip(down, vals, strict=True)]
+    ax.plot(steps, [r["reward_mean"] for r in rows], color="black", lw=2, marker="o", ms=4,
+            label="reward (mean)")
+    ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("outer step")
     ax.set_ylabel("reward")
     ax.legend(loc="upper left", fontsize=9)

@@ -28,6 +28,8 @@ def test_speed_only_counts_when_the_model_improved():
     assert comps["improvement"] == pytest.approx(-0.1)  # computed from pre/post
     assert comps["speed_counted"] is False
     assert reward == pytest.approx(-0.1 + 0.1 * (2 / 3))
+    assert comps["weighted_speed"] == 0.0 and comps["weighted_improvement"] == pytest.approx(-0.1)
+    assert sum(v for k, v in comps.items() if k.startswith("weighted_")) == pytest.approx(reward)
 
 
 def test_failed_job_and_no_job():

@@ -32,7 +32,9 @@ def make_run(run_dir: Path, *, steps: int = 6, crashed: bool = False) -> Path:
                                       components={"improvement": post - pre, "valid": 0.1})
             append_jsonl(run_dir / "metrics.jsonl", {
                 "step": step, "reward_mean": 0.1 + 0.05 * step, "reward_std": 0.1,
-                "reward_components": {"improvement": 0.05 * step, "valid": 0.1},
+                "reward_components": {"improvement": 0.05 * step, "validation_efficiency": 1.0,
+                                      "weighted_improvement": 0.05 * step - 0.05,
+                                      "weighted_validation": 0.1},
                 "validation_pass_rate": min(1.0, 0.4 + 0.1 * step), "job_failure_rate": 0.25,
                 "base_model_share": {"tiny-m": 0.5 + 0.08 * step, "tiny-s": 0.5 - 0.08 * step},
                 "hyperparameter_surface_use": 0.2 + 0.1 * step, "staleness_mean": 0.5,
