@@ -134,5 +134,9 @@ def quickstart(
         fail(str(exc))
     if seed is not None:
         cfg = cfg.model_copy(update={"seed": seed})
-    started = time.strftime("%Y%m%d-%H%M%S")
-    _run(cfg, run_dir or Path("runs") / f"quickstart-{started}", False, None, json_)
+    from nestor.report.html import write_report
+
+    run_dir = run_dir or Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
+    _run(cfg, run_dir, False, None, json_)
+    console.print(f"report: {write_report(run_dir)} (figures of this run; `nestor report` "
+                  f"redraws them)")
