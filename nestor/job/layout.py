@@ -24,6 +24,28 @@ PYPROJECT = "env/pyproject.toml"
 REQUIRED = (CONFIG, DATA, PYPROJECT)
 MAX_DATA_BYTES = 32 << 20
 
+_PYPROJECT_TEMPLATE = '''\
+[project]
+name = "{dist}"
+version = "0.1.0"
+description = "{description}"
+requires-python = ">=3.11"
+dependencies = ["verifiers"]
+
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[tool.hatch.build.targets.wheel]
+packages = ["{package}"]
+'''
+
+
+def env_pyproject(package: str, description: str) -> str:
+    """env/pyproject.toml of a job whose taskset lives in env/<package>/."""
+    return _PYPROJECT_TEMPLATE.format(dist=package.replace("_", "-"), package=package,
+                                      description=description)
+
 
 class LayoutError(ValueError):
     """The job directory is not laid out as the format asks; the message says what to fix."""

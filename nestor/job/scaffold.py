@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 from nestor.job.config import JobConfig
-from nestor.job.layout import CONFIG, DATA, PYPROJECT
+from nestor.job.layout import CONFIG, DATA, PYPROJECT, env_pyproject
 from nestor.tasks.registry import TaskRef
 
 ROWS = 1000
@@ -71,21 +71,6 @@ class {cls}Taskset(vf.Taskset[{cls}Task, vf.TasksetConfig]):
 __all__ = ["{cls}Taskset"]
 '''
 
-PYPROJECT_TEMPLATE = '''\
-[project]
-name = "{dist}"
-version = "0.1.0"
-description = "nestor training job: {title}."
-requires-python = ">=3.11"
-dependencies = ["verifiers"]
-
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[tool.hatch.build.targets.wheel]
-packages = ["{package}"]
-'''
 
 
 def config_toml(config: JobConfig | None = None) -> str:
@@ -112,8 +97,7 @@ def init_job(job_dir: Path | str, ref: TaskRef, *, force: bool = False) -> list[
     cls = "".join(part.capitalize() for part in package.split("_"))
     files = {
         CONFIG: config_toml(JobConfig(max_new_tokens=ref.task.new_tokens())),
-        PYPROJECT: PYPROJECT_TEMPLATE.format(dist=package.replace("_", "-"), package=package,
-                                             title=ref.task.title),
+        PYPROJECT: env_pyproject(package, f"nestor training job: {ref.task.title}."),
         f"env/{package}/__init__.py": ENV_TEMPLATE.format(title=ref.task.title, cls=cls),
         DATA: _rows(ref),
     }

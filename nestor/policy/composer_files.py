@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from nestor.job.config import JobConfig
+from nestor.job.layout import env_pyproject
 
 RUBRICS = ("exact", "normalised", "partial", "similarity")
 EXTRACTS = ("whole", "first_line", "last_word", "after_marker")
@@ -96,20 +97,6 @@ class RowTaskset(vf.Taskset[RowTask, vf.TasksetConfig]):
 __all__ = ["RowTaskset"]
 '''
 
-_PYPROJECT = '''[project]
-name = "{dist}"
-version = "0.1.0"
-description = "Composed job for task {task}."
-requires-python = ">=3.11"
-dependencies = ["verifiers"]
-
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[tool.hatch.build.targets.wheel]
-packages = ["{package}"]
-'''
 
 
 def package_name(task_id: str) -> str:
@@ -125,7 +112,7 @@ def env_source(*, title: str, rubric: str, extract: str, rows_note: str) -> str:
 
 def pyproject(task_id: str) -> str:
     pkg = package_name(task_id)
-    return _PYPROJECT.format(dist=pkg.replace("_", "-"), task=task_id, package=pkg)
+    return env_pyproject(pkg, f"Composed job for task {task_id}.")
 
 
 def _toml_value(v: object) -> str:

@@ -21,17 +21,6 @@ from nestor.models.tokenizer import build_char_tokenizer
 PROMPTS = ["reverse abc", "reverse hello", "sort dcba", "reverse xy", "sort qwerty", "reverse k"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: these models are too small to gain from two, and the CI box is shared."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer()
