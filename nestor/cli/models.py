@@ -40,7 +40,9 @@ def list_(json_: bool = JsonOpt) -> None:
 @app.command("pretrain")
 def pretrain_cmd(
     model: str = typer.Option("tiny-m", "--model", help="tiny-s or tiny-m."),
-    steps: int | None = typer.Option(None, "--steps", min=1, help="Optimizer steps."),
+    steps: int | None = typer.Option(
+        None, "--steps", min=1,
+        help="Optimizer steps (default: what made the bundled weights, 320 tiny-s, 700 tiny-m)."),
     out: Path | None = typer.Option(None, "--out", help="Output directory (default: the "
                                                          "bundled directory of the model)."),
     seed: int = typer.Option(0, "--seed", help="Seed of corpus, init and data order."),
@@ -62,12 +64,12 @@ def pretrain_cmd(
         TimeRemainingColumn,
     )
 
-    from nestor.models.pretrain import TINY_ARCH, PretrainConfig, pretrain
+    from nestor.models.pretrain import BUNDLED_STEPS, TINY_ARCH, PretrainConfig, pretrain
     from nestor.models.registry import BUNDLED_DIR
 
     if model not in TINY_ARCH:
         fail(f"cannot pretrain {model!r}: only {', '.join(TINY_ARCH)} are pretrained here")
-    overrides = {"steps": steps, "test_format_share": test_format_share,
+    overrides = {"steps": steps or BUNDLED_STEPS[model], "test_format_share": test_format_share,
                  "list_share": list_share, "hard_share": hard_share}
     cfg = PretrainConfig(model=model, seed=seed, threads=threads,
                          **{k: v for k, v in overrides.items() if v is not None})

@@ -30,6 +30,11 @@ TINY_ARCH: dict[str, dict] = {
 MAX_POSITIONS = 4096  # RoPE: longer contexts than trained on still run (for an LM agent)
 
 
+# Steps that produced the bundled weights: copying from the input only appears in tiny-m
+# between 320 and 700 steps (docs/models.md).
+BUNDLED_STEPS = {"tiny-s": 320, "tiny-m": 700}
+
+
 class PretrainConfig(BaseModel):
     model: str = Field("tiny-m", description="Which tiny architecture: tiny-s or tiny-m.")
     steps: int = Field(320, ge=1, le=100_000, description="Optimizer steps.")
