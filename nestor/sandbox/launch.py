@@ -76,8 +76,9 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
     host_tmp = tempfile.mkdtemp(prefix="nestor-sandbox-")
     os.chmod(host_tmp, 0o1777)
     pairs = pairs + [(host_tmp, "/tmp")]
-    argv = [translate(str(a), pairs) for a in argv]
-    env = {k: translate(v, pairs) for k, v in env.items()}
+    # argv[0] and PATH name host executables (the venv may itself live under /tmp).
+    argv = [str(argv[0])] + [translate(str(a), pairs) for a in argv[1:]]
+    env = {k: v if k == "PATH" else translate(v, pairs) for k, v in env.items()}
     cmd = prlimit_args(limits)
     # A token in the environment finds descendants that escaped the group (see _kill).
     env[_TOKEN_VAR] = uuid.uuid4().hex
@@ -112,8 +113,12 @@ def nproc_enforced() -> bool:
 
 
 def translate(value: str, pairs: list[tuple[str, str]]) -> str:
+    """A sandbox path as the host path it is bound to; a path below a bind point that exists
+    on the host as it is (e.g. a checkout under /tmp) is already a host path."""
     for host, dst in sorted(pairs, key=lambda p: -len(p[1])):
-        if value == dst or value.startswith(dst + "/"):
+        if value == dst:
+            return host
+        if value.startswith(dst + "/") and not os.path.exists(value):
             return host + value[len(dst):]
     return value
 
