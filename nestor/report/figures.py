@@ -52,7 +52,7 @@ def reward(data: RunData) -> Figure | None:
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("outer step")
     ax.set_ylabel("reward")
-    ax.legend(loc="upper left", fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     return fig
 
 
@@ -95,7 +95,9 @@ def heldout(data: RunData) -> Figure | None:
     if not data.heldout:
         return None
     fig, ax = _fig("Held-out family: mean episode reward, trained vs untrained policy (95% CI)")
-    for arm, marker in zip(sorted({r["arm"] for r in data.heldout}), itertools.cycle("os^")):
+    arms = sorted({r["arm"] for r in data.heldout})
+    for k, (arm, marker) in enumerate(zip(arms, itertools.cycle("os^"))):
+        shift = 0.06 * (k - (len(arms) - 1) / 2)  # side by side, so equal arms stay visible
         by_step: dict[int, list[dict]] = {}
         for row in data.heldout:
             if row["arm"] == arm:
@@ -104,7 +106,7 @@ def heldout(data: RunData) -> Figure | None:
         means = [sum(r["mean"] for r in by_step[s]) / len(by_step[s]) for s in steps]
         lo = [sum(r["ci95"][0] for r in by_step[s]) / len(by_step[s]) for s in steps]
         hi = [sum(r["ci95"][1] for r in by_step[s]) / len(by_step[s]) for s in steps]
-        ax.errorbar(steps, means, yerr=[[m - a for m, a in zip(means, lo, strict=True)],
+        ax.errorbar([s + shift for s in steps], means, yerr=[[m - a for m, a in zip(means, lo, strict=True)],
                                         [b - m for m, b in zip(means, hi, strict=True)]],
                     marker=marker, capsize=4, label=arm)
     ax.set_xlabel("outer step")
