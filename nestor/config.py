@@ -7,7 +7,13 @@ import os
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
+
+
+def validation_problems(exc: ValidationError) -> str:
+    """A pydantic error as one actionable line: `field.path: message; ...`."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}"
+                     for e in exc.errors())
 
 
 class Settings(BaseModel):

@@ -28,6 +28,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from nestor.job.config import JobConfig
+from nestor.models.sampler import left_pad, sample
 
 RewardFn = Callable[[list[int], list[str]], list[float]]  # (task indices, completions) -> rewards
 
@@ -124,18 +125,6 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor
     return logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
 
 
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """-> ids [N, L] and mask [N, L] (True on real tokens), padded on the left."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, L - len(s):] = True
-    return ids, mask
-
-
 def render_prompt(tokenizer, prompt: str) -> list[int]:
     """The token ids the base model sees: one user message, then the assistant turn opening."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
@@ -215,8 +204,6 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def rollout(self) -> Rollouts:
-        from nestor.models.sampler import sample
-
         cfg = self.config
         P, G = cfg.prompts_per_step, cfg.group_size
         tasks = self._next_tasks(P)
@@ -284,8 +271,7 @@ class GRPOTrainer:
         G = cfg.group_size
         dev = next(self.model.parameters()).device
         prompt_ids, prompt_mask = left_pad([self.prompt_tokens[ro.task_indices[k]]
-                                            for k in keep.tolist()], self.pad_id)  # [K, Lp]
-        prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
+                                            for k in keep.tolist()], self.pad_id, dev)  # [K, Lp]
         rows_all = (keep[:, None] * G + torch.arange(G)).reshape(-1)  # [K*G] batch rows kept
         comp_ids = ro.completion_ids.to(dev)[rows_all.to(dev)]  # [K*G, T]
         mask = ro.completion_mask.to(dev)[rows_all.to(dev)]  # [K*G, T]

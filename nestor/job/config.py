@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nestor.config import validation_problems
+
 DEFAULT_TOKEN_BUDGET = 150_000  # sampled tokens per job; callers may set their own cap
 
 
@@ -70,6 +72,5 @@ def load_job_config(path: Path) -> JobConfig:
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}"
-                             for e in exc.errors())
+        problems = validation_problems(exc)
         raise JobConfigError(f"{path.name}: {problems}") from None

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nestor.config import validation_problems
+
 
 class RunConfigError(ValueError):
     """The run config is missing, not TOML, out of range or names a held-out task."""
@@ -109,23 +111,18 @@ class RunConfig(_Section):
                     "is kept for transfer evals only; remove it from the run's tasks")
 
 
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}"
-                     for e in exc.errors())
-
-
 def _validate(model, data: dict[str, Any], table: str):
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise RunConfigError(f"[{table}] {_problems(exc)}") from None
+        raise RunConfigError(f"[{table}] {validation_problems(exc)}") from None
 
 
 def parse_run_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise RunConfigError(f"{source}: {_problems(exc)}") from None
+        raise RunConfigError(f"{source}: {validation_problems(exc)}") from None
 
 
 def load_run_config(path: Path) -> RunConfig:

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from nestor.config import validation_problems
+
 DEFAULT_JOB_FN = "nestor.inner.run:run_job"
 DEFAULT_WARM_STATE = "nestor.inner.run:WarmState"
 
@@ -125,6 +127,5 @@ def load_pool_config(path: Path | None = None, **overrides) -> PoolConfig:
     try:
         return PoolConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}"
-                             for e in exc.errors())
+        problems = validation_problems(exc)
         raise PoolConfigError(f"pool config: {problems}") from None

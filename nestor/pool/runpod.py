@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nestor.config import validation_problems
 from nestor.pool.config import WorkerType
 from nestor.pool.cost import CostMatrix
 from nestor.pool.dispatch import rank_types
@@ -101,8 +102,7 @@ def load_runpod_config(path: Path) -> RunpodConfig:
     try:
         return RunpodConfig.model_validate(data["runpod"])
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}"
-                             for e in exc.errors())
+        problems = validation_problems(exc)
         raise RunpodConfigError(f"{path} [runpod]: {problems}") from None
 
 

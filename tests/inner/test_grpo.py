@@ -11,11 +11,11 @@ from nestor.inner.grpo import (
     RewardError,
     completion_logits,
     group_advantages,
-    left_pad,
     policy_loss,
     token_logprobs,
 )
 from nestor.job.config import JobConfig
+from nestor.models.sampler import left_pad
 from nestor.models.tokenizer import build_char_tokenizer
 
 PROMPTS = ["reverse abc", "reverse hello", "sort dcba", "reverse xy", "sort qwerty", "reverse k"]
@@ -75,7 +75,7 @@ def test_loss_gradient_only_on_completion_tokens():
 
 def test_pad_tokens_after_eos_do_not_change_the_loss(tok):
     model = tiny_model(tok)
-    ids, pmask = left_pad([[5, 6, 7, 8], [9, 10]], tok.pad_token_id)
+    ids, pmask = left_pad([[5, 6, 7, 8], [9, 10]], tok.pad_token_id, 'cpu')
     comp = torch.tensor([[20, 21, 3, 0, 0], [22, 3, 0, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
     rows = torch.arange(2)
@@ -99,7 +99,7 @@ def test_trainer_logprobs_match_sampler_and_ratio_is_one(tok):
     trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lowercase_share, config(temperature=0.8))
     ro = trainer.rollout()
     prompt_ids, prompt_mask = left_pad([trainer.prompt_tokens[t] for t in ro.task_indices],
-                                       trainer.pad_id)
+                                       trainer.pad_id, "cpu")
     rows = torch.arange(3).repeat_interleave(4)
     with torch.no_grad():
         logits = completion_logits(trainer.model, prompt_ids, prompt_mask, ro.completion_ids, rows)
