@@ -54,6 +54,25 @@ class WarmState:
             self._models[name] = (model, tokenizer)
         return self._models[name]
 
+    def warm_up(self, models: tuple[str, ...] | list[str]) -> list[str]:
+        """Pay a fresh worker's one-time costs before its first job: the sandboxed reward
+        host's `import verifiers` (started first, it runs alongside), then the import of
+        transformers and the base models' load. Returns the models loaded; those not present
+        here are skipped (a job that names one fails on its own, with the reason)."""
+        from nestor.job.tasksource import prewarm
+        from nestor.models.registry import ModelNotFoundError
+
+        with contextlib.suppress(Exception):  # only a head start, as in run_job
+            prewarm()
+        loaded = []
+        for name in models:
+            with contextlib.suppress(ModelNotFoundError):
+                self.base(name)
+                loaded.append(name)
+        with contextlib.suppress(Exception):
+            prewarm(wait=True)
+        return loaded
+
     def trainable_copy(self, name: str):
         model, tokenizer = self.base(name)
         return copy.deepcopy(model), tokenizer

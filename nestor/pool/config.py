@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -53,6 +54,17 @@ class WorkerType(BaseModel):
         return not self.models or base_model is None or base_model in self.models
 
 
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker is started with (pickled to a spawned process or a Ray actor)."""
+
+    job_fn: str  # 'module:function' run per job
+    warm_state: str | None  # 'module:Class' built once, passed to every job as warm=
+    threads: int  # torch / OpenMP threads
+    python_path: tuple[str, ...] = ()  # extra import paths
+    preload: tuple[str, ...] = ()  # base models the warm state loads before the worker is ready
+
+
 class PoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -83,6 +95,10 @@ class PoolConfig(BaseModel):
     python_path: list[str] = Field(
         default_factory=list, description="Extra import paths on every worker (for a job_fn or "
         "warm_state outside installed packages).")
+    preload_models: list[str] = Field(
+        default_factory=lambda: ["tiny-s", "tiny-m"], description="Base models each worker "
+        "loads (with the sandboxed reward host) before it reports ready, so that no job pays "
+        "the start-up; those absent here, or that a worker type cannot run, are skipped.")
     cost_matrix: Path | None = Field(
         None, description="Cost matrix JSON; default <cache_dir>/cost_matrix.json.")
 
@@ -93,6 +109,11 @@ class PoolConfig(BaseModel):
         if dupes:
             raise ValueError(f"worker_types: duplicate name(s) {', '.join(dupes)}")
         return self
+
+    def worker_spec(self, wtype: WorkerType, threads: int) -> WorkerSpec:
+        """What a worker of `wtype` is started with."""
+        return WorkerSpec(self.job_fn, self.warm_state, threads, tuple(self.python_path),
+                          tuple(m for m in self.preload_models if wtype.runs(m)))
 
     def types(self, cluster_cpus: int | None = None) -> list[WorkerType]:
         """The configured worker types, or the one default type of this backend."""

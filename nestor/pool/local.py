@@ -49,8 +49,7 @@ class LocalPool(ScheduledPool):
         parent, child = _CTX.Pipe()
         process = _CTX.Process(
             target=local_worker_main, name=f"nestor-worker-{slot.name}",
-            args=(child, self.config.job_fn, self.config.warm_state, self.threads,
-                  list(self.config.python_path)))
+            args=(child, self.config.worker_spec(slot.wtype, self.threads)))
         process.start()
         child.close()
         slot.handle = _Proc(process, parent)

@@ -27,7 +27,7 @@ from ray.exceptions import RayActorError, RayError
 from nestor.pool.base import PoolError
 from nestor.pool.config import PoolConfig, WorkerType
 from nestor.pool.scheduler import Event, ScheduledPool, Slot
-from nestor.pool.worker import WarmWorker, start_error
+from nestor.pool.worker import WarmWorker, WorkerSpec, start_error
 
 REFRESH_EVERY_S = 5.0
 
@@ -36,11 +36,10 @@ class _ActorWorker:
     """The actor body: a WarmWorker, with start-up failures reported instead of raised (so the
     pool sees the reason, not a bare 'actor died')."""
 
-    def __init__(self, job_fn: str, warm_state: str | None, threads: int,
-                 python_path: list[str]) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         self.error = None
         try:
-            self.worker = WarmWorker(job_fn, warm_state, threads, python_path)
+            self.worker = WarmWorker(spec)
         except BaseException as exc:
             self.error = start_error(exc)
 
@@ -182,8 +181,7 @@ class RayPool(ScheduledPool):
         actor = _RemoteWorker.options(
             num_cpus=t.num_cpus, num_gpus=t.num_gpus, resources=dict(t.resources) or None,
             name=None, max_concurrency=1,
-        ).remote(self.config.job_fn, self.config.warm_state, threads,
-                 list(self.config.python_path))
+        ).remote(self.config.worker_spec(t, threads))
         slot.handle = _Actor(actor, actor.ready.remote())
 
     def _send(self, slot: Slot, request_json: str) -> None:

@@ -13,20 +13,23 @@ from typing import Any
 
 from nestor.inner.types import JobRequest, JobResult
 from nestor.pool.base import load_callable
+from nestor.pool.config import WorkerSpec
 
 
 class WarmWorker:
     """A job function plus the warm state it keeps across jobs."""
 
-    def __init__(self, job_fn: str, warm_state: str | None, threads: int,
-                 python_path: list[str]) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(threads)
-        sys.path[:0] = [p for p in python_path if p not in sys.path]
-        self.fn = load_callable(job_fn)
-        self.warm = load_callable(warm_state)() if warm_state else None
+            os.environ[var] = str(spec.threads)
+        sys.path[:0] = [p for p in spec.python_path if p not in sys.path]
+        self.fn = load_callable(spec.job_fn)
+        self.warm = load_callable(spec.warm_state)() if spec.warm_state else None
         if "torch" in sys.modules:  # imported by the job module: env vars came too late for it
-            sys.modules["torch"].set_num_threads(threads)
+            sys.modules["torch"].set_num_threads(spec.threads)
+        # A worker is "ready" only once warm: the first job should not pay the start-up.
+        if spec.preload and hasattr(self.warm, "warm_up"):
+            self.warm.warm_up(spec.preload)
         self.jobs_done = 0
 
     def info(self) -> dict[str, Any]:
@@ -51,8 +54,7 @@ def start_error(exc: BaseException) -> str:
     return f"worker could not load its job function: {type(exc).__name__}: {exc}"
 
 
-def local_worker_main(conn, job_fn: str, warm_state: str | None, threads: int,
-                      python_path: list[str]) -> None:
+def local_worker_main(conn, spec: WorkerSpec) -> None:
     """Entry point of a spawned local worker. Messages out: ('ready', info) | ('error', text) |
     ('result', json); in: a request's JSON, or None to stop."""
     # A worker is a daemon: its own session and process group, so the pool can kill it with
@@ -62,7 +64,7 @@ def local_worker_main(conn, job_fn: str, warm_state: str | None, threads: int,
     os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        worker = WarmWorker(job_fn, warm_state, threads, python_path)
+        worker = WarmWorker(spec)
     except BaseException as exc:
         conn.send(("error", start_error(exc)))
         return

@@ -54,6 +54,17 @@ def test_over_budget_and_unknown_model_are_invalid(tmp_path):
     assert result.status == "invalid" and "gpt-9" in result.log_tail
 
 
+def test_warm_up_loads_present_models_and_skips_absent_ones(monkeypatch, tmp_path):
+    from nestor.job import tasksource
+
+    monkeypatch.setenv("NESTOR_MODEL_QWEN3_0_6B", str(tmp_path / "nowhere"))
+    state = WarmState()
+    assert state.warm_up(["tiny-s", "qwen3-0.6b"]) == ["tiny-s"]
+    model, _ = state.base("tiny-s")
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    assert any(z.alive and z.hello for z in tasksource._idle)  # the reward host is up, warm
+
+
 def test_timeout_is_reported_not_hung(tmp_path, warm):
     job = make_job(tmp_path, SMALL.replace("max_steps = 3", "max_steps = 500"))
     result = run_job(request(job, timeout_s=0.05), warm=warm)

@@ -18,6 +18,10 @@ class CountingWarm:
 
     def __init__(self) -> None:
         self.jobs = 0
+        self.preloaded: list[str] | None = None
+
+    def warm_up(self, models: tuple[str, ...]) -> None:
+        self.preloaded = list(models)
 
 
 def behave_job(request: JobRequest, *, warm: CountingWarm | None = None) -> JobResult:
@@ -30,7 +34,8 @@ def behave_job(request: JobRequest, *, warm: CountingWarm | None = None) -> JobR
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(float(spec.get("sleep", 0.0)))
     return JobResult(status="ok", steps=warm.jobs if warm else 0,
-                     metrics=[{"pid": os.getpid(), "task": request.task_id}])
+                     metrics=[{"pid": os.getpid(), "task": request.task_id,
+                               "preloaded": warm.preloaded if warm else None}])
 
 
 def noop_job(request: JobRequest, *, warm: object = None) -> JobResult:

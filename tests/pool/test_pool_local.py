@@ -122,6 +122,18 @@ def test_cheapest_type_first_then_fallback_in_cost_order(pool_config, make_job):
     assert 0.009 < rb.cost_usd < 0.03, rb.cost_usd
 
 
+def test_workers_warm_up_their_models_before_the_first_job(pool_config, make_job):
+    types = [WorkerType(name="small", models=["tiny-s"]), WorkerType(name="any")]
+    config = pool_config(worker_types=types, preload_models=["tiny-s", "tiny-m"])
+    with make_pool(config) as pool:
+        a = pool.submit(JobRequest(job_dir=make_job("a"), task_id="t"), worker_type="small")
+        b = pool.submit(JobRequest(job_dir=make_job("b"), task_id="t"), worker_type="any")
+        ra, rb = a.result(timeout=60), b.result(timeout=60)
+    # each worker preloads only what its type can run, and did so before its first job
+    assert ra.metrics[0]["preloaded"] == ["tiny-s"]
+    assert rb.metrics[0]["preloaded"] == ["tiny-s", "tiny-m"]
+
+
 def test_model_nobody_runs_fails_at_once(pool_config, make_job):
     types = [WorkerType(name="cheap", models=["tiny-s"])]
     with make_pool(pool_config(worker_types=types)) as pool:
