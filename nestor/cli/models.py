@@ -43,6 +43,9 @@ def pretrain_cmd(
     steps: int | None = typer.Option(
         None, "--steps", min=1,
         help="Optimizer steps (default: what made the bundled weights, 320 tiny-s, 700 tiny-m)."),
+    schedule_steps: int | None = typer.Option(
+        None, "--schedule-steps", min=1,
+        help="Length of the lr schedule (default: --steps); larger stops part-way through it."),
     out: Path | None = typer.Option(None, "--out", help="Output directory (default: the "
                                                          "bundled directory of the model)."),
     seed: int = typer.Option(0, "--seed", help="Seed of corpus, init and data order."),
@@ -53,6 +56,9 @@ def pretrain_cmd(
                                             help="Corpus share of short lists of one skill."),
     hard_share: float | None = typer.Option(None, "--hard-share", min=0, max=1,
                                             help="Share of inputs at difficulty 1."),
+    emphasis: list[str] | None = typer.Option(
+        None, "--emphasis", help="TASK=FACTOR on a skill's corpus share, repeatable; replaces "
+        "the default emphasis (see docs/models.md)."),
     json_: bool = JsonOpt,
 ) -> None:
     """Pretrain a tiny model from scratch on the synthetic corpus (seeded, reproducible)."""
@@ -69,8 +75,9 @@ def pretrain_cmd(
 
     if model not in TINY_ARCH:
         fail(f"cannot pretrain {model!r}: only {', '.join(TINY_ARCH)} are pretrained here")
-    overrides = {"steps": steps or BUNDLED_STEPS[model], "test_format_share": test_format_share,
-                 "list_share": list_share, "hard_share": hard_share}
+    overrides = {"steps": steps or BUNDLED_STEPS[model], "schedule_steps": schedule_steps,
+                 "test_format_share": test_format_share, "list_share": list_share,
+                 "hard_share": hard_share, "emphasis": _emphasis(emphasis)}
     cfg = PretrainConfig(model=model, seed=seed, threads=threads,
                          **{k: v for k, v in overrides.items() if v is not None})
     out_dir = out or BUNDLED_DIR / model
@@ -84,13 +91,32 @@ def pretrain_cmd(
             if not console.is_terminal and (step + 1) % 50 == 0:  # logs get a line now and then
                 console.print(f"step {step + 1}/{cfg.steps} loss {loss:.3f}", highlight=False)
 
-        figures = pretrain(cfg, out_dir, on_step=on_step)
+        try:
+            figures = pretrain(cfg, out_dir, on_step=on_step)
+        except ValueError as exc:  # e.g. an emphasis on a task that does not exist
+            fail(str(exc))
     figures["out"] = str(out_dir)
     if json_:
         print_json(figures)
         return
     console.print(f"saved {model} to {out_dir}: {figures['parameters']:,} parameters, "
                   f"final loss {figures['final_loss']}, {figures['wall_s']} s")
+
+
+def _emphasis(pairs: list[str] | None) -> dict[str, float] | None:
+    """['add=3', 'max=2'] -> {'add': 3.0, 'max': 2.0}; exits 2 on a malformed pair."""
+    if not pairs:
+        return None
+    out = {}
+    for pair in pairs:
+        task, _, factor = pair.partition("=")
+        try:
+            out[task.strip()] = float(factor)
+        except ValueError:
+            fail(f"--emphasis {pair!r}: expected TASK=FACTOR, e.g. add=3")
+        if out[task.strip()] < 0:
+            fail(f"--emphasis {pair!r}: the factor must be >= 0")
+    return out
 
 
 def register(root: typer.Typer) -> None:

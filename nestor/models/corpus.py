@@ -28,6 +28,10 @@ class CorpusMix:
     tool_share: float = 0.02  # tool-call / code / TOML chats
     list_share: float = 0.35  # plain lists of 3-6 rows of one skill
     hard_share: float = 0.1  # rows drawn at difficulty 1 (longer inputs)
+    # Per-task factors on a skill's share of documents (1 when absent): skills that a tiny
+    # model learns slowly (arithmetic) get more practice, quick ones less, so that one step
+    # count leaves most skills partly learned.
+    emphasis: tuple[tuple[str, float], ...] = ()
 
 
 def chat(user: str, assistant: str) -> str:
@@ -177,7 +181,11 @@ def build_corpus(n_docs: int, seed: int = 0, mix: CorpusMix | None = None,
     refs = (registry or TaskRegistry()).tasks(include_heldout=True)
     rng = random.Random(f"nestor-corpus:{seed}")
     # Skills with longer answers need more practice: weight ~ sqrt(answer budget).
-    weights = [math.sqrt(ref.task.max_new_tokens) for ref in refs]
+    emphasis = dict(mix.emphasis)
+    unknown = set(emphasis) - {ref.id for ref in refs}
+    if unknown:
+        raise ValueError(f"corpus emphasis names unknown tasks: {', '.join(sorted(unknown))}")
+    weights = [math.sqrt(ref.task.max_new_tokens) * emphasis.get(ref.id, 1.0) for ref in refs]
     docs = []
     for _ in range(n_docs):
         if rng.random() < mix.tool_share:

@@ -2,6 +2,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -30,6 +31,17 @@ def test_only_a_small_share_is_in_the_exact_test_format():
     assert 0.05 < share < 0.12
 
 
+def test_emphasis_shifts_a_skills_share_and_rejects_unknown_tasks():
+    def share(mix: CorpusMix) -> float:
+        docs = build_corpus(3000, seed=1, mix=mix)
+        return sum(bool(re.search(r"\d+[+]\d+=| plus |Add two numbers|add\(", d))
+                   for d in docs) / len(docs)
+
+    assert share(CorpusMix(emphasis=(("add", 4.0),))) > 2.5 * share(CorpusMix())
+    with pytest.raises(ValueError, match="unknown tasks: nope"):
+        build_corpus(10, mix=CorpusMix(emphasis=(("nope", 2.0),)))
+
+
 def test_corpus_never_touches_hidden_evals():
     code = ("import sys, nestor.models.corpus, nestor.models.pretrain; "
             "sys.exit('nestor.tasks.hidden' in sys.modules)")
@@ -40,6 +52,13 @@ def test_lr_schedule_warms_up_then_decays():
     cfg = PretrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
     assert lr_at(0, cfg) < lr_at(9, cfg) == 1e-3
     assert abs(lr_at(99, cfg) - 1e-4) < 2e-5
+
+
+def test_schedule_steps_stop_part_way_through_a_longer_schedule():
+    short = PretrainConfig(steps=50, schedule_steps=100, warmup_steps=10)
+    full = PretrainConfig(steps=100, warmup_steps=10)
+    assert [lr_at(s, short) for s in range(50)] == [lr_at(s, full) for s in range(50)]
+    assert lr_at(49, short) > lr_at(49, PretrainConfig(steps=50, warmup_steps=10))
 
 
 def test_pretrain_is_reproducible_and_loadable(tmp_path):
@@ -54,3 +73,19 @@ def test_pretrain_is_reproducible_and_loadable(tmp_path):
     model, tok = load_model(tmp_path / "a")
     assert model.config.vocab_size == len(tok)
     assert tok.chat_template is not None
+
+
+def test_pretrain_cli_rejects_bad_emphasis(tmp_path):
+    from typer.testing import CliRunner
+
+    from nestor.cli import app
+
+    def run(*args: str):
+        return CliRunner().invoke(app, ["models", "pretrain", "--model", "tiny-s", "--steps", "1",
+                                        "--out", str(tmp_path / "m"), *args])
+
+    malformed = run("--emphasis", "add:3")
+    assert malformed.exit_code == 2 and "expected TASK=FACTOR" in malformed.output
+    unknown = run("--emphasis", "nope=2")
+    assert unknown.exit_code == 2 and "unknown tasks: nope" in unknown.output
+    assert not (tmp_path / "m").exists()
