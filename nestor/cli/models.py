@@ -42,7 +42,7 @@ def pretrain_cmd(
     model: str = typer.Option("tiny-m", "--model", help="tiny-s or tiny-m."),
     steps: int | None = typer.Option(
         None, "--steps", min=1,
-        help="Optimizer steps (default: what made the bundled weights, 320 tiny-s, 700 tiny-m)."),
+        help="Optimizer steps (default: what made the bundled weights, 320 tiny-s, 1,100 tiny-m)."),
     schedule_steps: int | None = typer.Option(
         None, "--schedule-steps", min=1,
         help="Length of the lr schedule (default: --steps); larger stops part-way through it."),

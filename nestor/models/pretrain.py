@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, NonNegativeFloat
 
 from nestor.models.corpus import CorpusMix, build_corpus
 from nestor.models.tokenizer import build_char_tokenizer
@@ -63,7 +63,7 @@ class PretrainConfig(BaseModel):
                                      "in the exact test format.")
     list_share: float = Field(0.35, ge=0, le=1, description="Corpus share of 3-6 row lists.")
     hard_share: float = Field(0.1, ge=0, le=1, description="Share of inputs at difficulty 1.")
-    emphasis: dict[str, float] = Field(
+    emphasis: dict[str, NonNegativeFloat] = Field(
         default_factory=lambda: dict(DEFAULT_EMPHASIS),
         description="Per-task factor on a skill's share of the corpus (1 when absent).")
     seed: int = Field(0, description="Seeds the corpus, the init and the window order.")

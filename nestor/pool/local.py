@@ -9,6 +9,7 @@ a result and a worker's death are both seen within milliseconds.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -22,6 +23,7 @@ from nestor.pool.scheduler import Event, ScheduledPool, Slot
 from nestor.pool.worker import local_worker_main
 
 _CTX = mp.get_context("spawn")
+STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -59,6 +61,15 @@ class LocalPool(ScheduledPool):
             slot.handle.conn.send(request_json)
         except OSError:
             pass  # it died just now: its sentinel fires on the next poll and the job is retried
+
+    def _stop(self, slot: Slot) -> None:
+        """Ask an idle worker to exit, so that its exit handlers run (they close its sandboxed
+        reward hosts); kill it if it is busy or does not exit within STOP_GRACE_S."""
+        if slot.job is None and slot.handle.process.is_alive():
+            with contextlib.suppress(OSError):
+                slot.handle.conn.send(None)  # the worker's loop ends on None
+                slot.handle.process.join(timeout=STOP_GRACE_S)
+        self._kill(slot)
 
     def _kill(self, slot: Slot) -> None:
         proc: _Proc = slot.handle

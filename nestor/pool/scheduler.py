@@ -158,6 +158,10 @@ class ScheduledPool:
     def _send(self, slot: Slot, request_json: str) -> None:
         raise NotImplementedError
 
+    def _stop(self, slot: Slot) -> None:
+        """End a worker at shutdown (a backend may first ask it to exit cleanly)."""
+        self._kill(slot)
+
     def _kill(self, slot: Slot) -> None:
         raise NotImplementedError
 
@@ -198,7 +202,7 @@ class ScheduledPool:
         finally:
             self._stopping.set()
             for slot in list(self._slots):
-                self._kill(slot)
+                self._stop(slot)
                 if slot.job is not None:
                     self._finish(slot.job, JobResult(status="lost", worker=slot.name),
                                  "pool shut down while the job ran")

@@ -5,10 +5,12 @@ Each reads its behaviour from `behave.json` in the job dir, so one function serv
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import time
+from pathlib import Path
 
 from nestor.inner.types import JobRequest, JobResult
 
@@ -30,6 +32,8 @@ def behave_job(request: JobRequest, *, warm: CountingWarm | None = None) -> JobR
     if warm is not None:
         warm.jobs += 1
     (request.job_dir / f"pid-{request.request_id}").write_text(str(os.getpid()))
+    if spec.get("atexit_marker"):  # written only if the worker exits cleanly
+        atexit.register(Path(spec["atexit_marker"]).write_text, "clean exit")
     if spec.get("die_always"):
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(float(spec.get("sleep", 0.0)))

@@ -134,6 +134,15 @@ def test_workers_warm_up_their_models_before_the_first_job(pool_config, make_job
     assert rb.metrics[0]["preloaded"] == ["tiny-s", "tiny-m"]
 
 
+def test_shutdown_lets_idle_workers_exit_cleanly(pool_config, make_job, tmp_path):
+    marker = tmp_path / "exited"
+    with make_pool(pool_config(workers=1)) as pool:
+        job = make_job(atexit_marker=str(marker))
+        assert pool.submit(JobRequest(job_dir=job, task_id="t")).result(timeout=60).status == "ok"
+    # its exit handlers ran (they close the worker's sandboxed reward hosts): no SIGKILL
+    assert marker.read_text() == "clean exit"
+
+
 def test_model_nobody_runs_fails_at_once(pool_config, make_job):
     types = [WorkerType(name="cheap", models=["tiny-s"])]
     with make_pool(pool_config(worker_types=types)) as pool:
