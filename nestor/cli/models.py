@@ -62,6 +62,7 @@ def pretrain_cmd(
     json_: bool = JsonOpt,
 ) -> None:
     """Pretrain a tiny model from scratch on the synthetic corpus (seeded, reproducible)."""
+    from pydantic import ValidationError
     from rich.progress import (
         BarColumn,
         Progress,
@@ -70,6 +71,7 @@ def pretrain_cmd(
         TimeRemainingColumn,
     )
 
+    from nestor.config import validation_problems
     from nestor.models.pretrain import BUNDLED_STEPS, TINY_ARCH, PretrainConfig, pretrain
     from nestor.models.registry import BUNDLED_DIR
 
@@ -78,8 +80,11 @@ def pretrain_cmd(
     overrides = {"steps": steps or BUNDLED_STEPS[model], "schedule_steps": schedule_steps,
                  "test_format_share": test_format_share, "list_share": list_share,
                  "hard_share": hard_share, "emphasis": _emphasis(emphasis)}
-    cfg = PretrainConfig(model=model, seed=seed, threads=threads,
-                         **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        cfg = PretrainConfig(model=model, seed=seed, threads=threads,
+                             **{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:  # e.g. a negative --emphasis factor
+        fail(validation_problems(exc))
     out_dir = out or BUNDLED_DIR / model
     with Progress(TextColumn("pretrain {task.fields[model]}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
@@ -114,8 +119,6 @@ def _emphasis(pairs: list[str] | None) -> dict[str, float] | None:
             out[task.strip()] = float(factor)
         except ValueError:
             fail(f"--emphasis {pair!r}: expected TASK=FACTOR, e.g. add=3")
-        if out[task.strip()] < 0:
-            fail(f"--emphasis {pair!r}: the factor must be >= 0")
     return out
 
 

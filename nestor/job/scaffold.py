@@ -72,7 +72,6 @@ __all__ = ["{cls}Taskset"]
 '''
 
 
-
 def config_toml(config: JobConfig | None = None) -> str:
     """Every knob with its description and range as a comment."""
     config = config or JobConfig()

@@ -59,10 +59,13 @@ class PretrainConfig(BaseModel):
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     n_docs: int = Field(20_000, ge=100, description="Corpus documents (sampled windows draw "
                                                      "from their packed stream).")
-    test_format_share: float = Field(0.2, ge=0, le=1, description="Corpus share of chat rows "
-                                     "in the exact test format.")
-    list_share: float = Field(0.35, ge=0, le=1, description="Corpus share of 3-6 row lists.")
-    hard_share: float = Field(0.1, ge=0, le=1, description="Share of inputs at difficulty 1.")
+    test_format_share: float = Field(CorpusMix.test_format_share, ge=0, le=1,
+                                     description="Corpus share of chat rows in the exact "
+                                     "test format.")
+    list_share: float = Field(CorpusMix.list_share, ge=0, le=1,
+                              description="Corpus share of 3-6 row lists.")
+    hard_share: float = Field(CorpusMix.hard_share, ge=0, le=1,
+                              description="Share of inputs at difficulty 1.")
     emphasis: dict[str, NonNegativeFloat] = Field(
         default_factory=lambda: dict(DEFAULT_EMPHASIS),
         description="Per-task factor on a skill's share of the corpus (1 when absent).")

@@ -98,7 +98,6 @@ __all__ = ["RowTaskset"]
 '''
 
 
-
 def package_name(task_id: str) -> str:
     safe = "".join(c if c.isalnum() else "_" for c in task_id.lower())
     return f"composed_{safe}"

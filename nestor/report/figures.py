@@ -106,9 +106,10 @@ def heldout(data: RunData) -> Figure | None:
         means = [sum(r["mean"] for r in by_step[s]) / len(by_step[s]) for s in steps]
         lo = [sum(r["ci95"][0] for r in by_step[s]) / len(by_step[s]) for s in steps]
         hi = [sum(r["ci95"][1] for r in by_step[s]) / len(by_step[s]) for s in steps]
-        ax.errorbar([s + shift for s in steps], means, yerr=[[m - a for m, a in zip(means, lo, strict=True)],
-                                        [b - m for m, b in zip(means, hi, strict=True)]],
-                    marker=marker, capsize=4, label=arm)
+        below = [m - a for m, a in zip(means, lo, strict=True)]
+        above = [b - m for m, b in zip(means, hi, strict=True)]
+        ax.errorbar([s + shift for s in steps], means, yerr=[below, above], marker=marker,
+                    capsize=4, label=arm)
     ax.set_xlabel("outer step")
     ax.set_ylabel("reward")
     ax.legend(fontsize=9)

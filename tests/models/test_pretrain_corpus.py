@@ -88,4 +88,6 @@ def test_pretrain_cli_rejects_bad_emphasis(tmp_path):
     assert malformed.exit_code == 2 and "expected TASK=FACTOR" in malformed.output
     unknown = run("--emphasis", "nope=2")
     assert unknown.exit_code == 2 and "unknown tasks: nope" in unknown.output
+    negative = run("--emphasis", "add=-1")
+    assert negative.exit_code == 2 and "emphasis.add" in negative.output
     assert not (tmp_path / "m").exists()
