@@ -31,7 +31,9 @@ class PolicyConfig(_Section):
     lora_rank: int = Field(8, ge=1, le=256, description="lm: LoRA rank of the trained adapter.")
     lora_alpha: int = Field(16, ge=1, le=1024, description="lm: LoRA scaling alpha.")
     temperature: float = Field(1.0, ge=0.05, le=2.0, description="lm: sampling temperature.")
-    max_new_tokens: int = Field(256, ge=1, le=32768, description="lm: token cap per turn.")
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=32768, description="lm: token cap per turn; default a quarter of the "
+        "model's context, within 256..4096 (a turn may write a whole dataset file).")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
 
 
@@ -60,6 +62,11 @@ class RunConfig(_Section):
         "importance_sampling", description="Sum over policy actions of -exp(logp - logp_sample)*A.")
     clip_ratio: float = Field(0.0, ge=0.0, le=10.0, description="PPO-style clip of the ratio to "
                               "[1-c, 1+c] (pessimistic min); 0 = plain importance sampling.")
+    tis_cap: float = Field(2.0, ge=0.0, le=100.0, description="lm: truncate each token's "
+                           "importance ratio at this value (truncated IS); 0 = no cap.")
+    token_max_staleness: int = Field(
+        4, ge=0, le=100, description="lm: groups sampled more than this many policy versions "
+        "ago are dropped even when stale_groups = 'reweight'.")
     learning_rate: float = Field(0.05, gt=0.0, le=10.0, description="Policy learning rate "
                                  "(composer logits like ~0.05; LoRA on an LM ~1e-4..1e-5).")
     steps: int = Field(10, ge=1, le=100000, description="Outer training steps (policy updates).")

@@ -25,7 +25,8 @@ def make_policy(config: RunConfig):
         return LMPolicy.from_pretrained(
             pc.model, device=pc.device, learning_rate=config.learning_rate,
             lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha, temperature=pc.temperature,
-            max_new_tokens=pc.max_new_tokens, clip_ratio=config.clip_ratio, seed=config.seed)
+            max_new_tokens=pc.max_new_tokens, clip_ratio=config.clip_ratio,
+            tis_cap=config.tis_cap, seed=config.seed)
     from nestor.policy.composer import Composer, ComposerConfig
 
     episode = config.episode_config()
@@ -62,6 +63,8 @@ def summarize(rec: Any, run_dir: Path) -> EpisodeSummary:
         "knobs_changed": knobs_changed(job_dir) if job_dir is not None else None,
         "cost_usd": float(result.cost_usd) if result is not None else 0.0,
     }
+    if isinstance(rec.components.get("error"), str):  # why the policy failed (policy_error)
+        info["error"] = rec.components["error"][-500:]
     if result is not None:
         info.update(job_status=result.status, improvement=result.improvement,
                     base_model=result.base_model, job_wall_s=result.wall_s)

@@ -4,6 +4,7 @@ A group is G episodes on one task spec. Its advantage is reward minus the group 
 scaling, as in prime-rl and tinker-cookbook): a group whose rewards are all equal carries no
 signal and contributes nothing. A group sampled more than `max_steps_off_policy` policy versions
 ago is stale: it is either kept (the importance ratio in the loss reweights it) or dropped.
+For token policies a hard cap (`RunConfig.token_max_staleness`) drops groups older still.
 """
 
 from __future__ import annotations
@@ -89,15 +90,21 @@ class BatchStats:
 
 
 def build_batch(groups: list[Group], version: int, *, max_steps_off_policy: int,
-                stale_groups: str) -> tuple[list[TrainItem], BatchStats]:
-    """TrainItems for the groups that carry signal and pass the staleness rule, plus counts."""
+                stale_groups: str, hard_max_staleness: int | None = None
+                ) -> tuple[list[TrainItem], BatchStats]:
+    """TrainItems for the groups that carry signal and pass the staleness rule, plus counts.
+
+    `hard_max_staleness` (token policies): a group staler than this is dropped even when
+    stale groups are otherwise reweighted — per-token ratios that far off policy are noise.
+    """
     items: list[TrainItem] = []
     stats = BatchStats(groups=len(groups))
     for group in groups:
         stale = group.staleness(version)
         stats.staleness.append(stale)
         if stale > max_steps_off_policy:
-            if stale_groups == "drop":
+            too_old = hard_max_staleness is not None and stale > hard_max_staleness
+            if stale_groups == "drop" or too_old:
                 stats.stale_dropped += 1
                 continue
             stats.stale_kept += 1

@@ -26,6 +26,7 @@ from nestor.outer.config import RunConfig
 from nestor.outer.groups import EpisodeSummary, Group, build_batch
 from nestor.outer.metrics import MeteredPool, append_jsonl, read_jsonl, step_metrics
 from nestor.policy.base import Observation, TrainItem, Turn
+from nestor.policy.batching import SharedExclusiveLock
 
 MAX_CONSECUTIVE_ERRORS = 10
 
@@ -57,11 +58,15 @@ def task_for_group(tasks: list[str], seed: int, group_id: int) -> str:
 
 
 class SerializedPolicy:
-    """The policy as episode threads see it: `act` and `train_step` never overlap."""
+    """The policy as episode threads see it: `act` and `train_step` never overlap. A policy with
+    `concurrent_act` (the LM, which batches concurrent turns) acts for many episodes at once."""
 
     def __init__(self, policy):
         self._policy = policy
-        self._lock = threading.Lock()
+        self._rw = SharedExclusiveLock()
+        self._lock = self._rw.exclusive()
+        self._act_lock = self._rw.shared() if getattr(policy, "concurrent_act", False) \
+            else self._lock
         self.closed = False  # set when the run ends: episodes still running stop at their next turn
 
     @property
@@ -75,7 +80,7 @@ class SerializedPolicy:
     def act(self, obs: Observation) -> Turn:
         if self.closed:
             raise RuntimeError("the training run has ended")
-        with self._lock:
+        with self._act_lock:
             return self._policy.act(obs)
 
     def train_step(self, batch: list[TrainItem]) -> dict[str, float]:
@@ -235,13 +240,22 @@ class OuterLoop:
                 raise OuterLoopError(f"{self._consecutive_errors} episodes in a row crashed; "
                                      f"last: {type(exc).__name__}: {exc}") from exc
             return  # the slot is free again and will be relaunched
-        self._consecutive_errors = 0
         ep.group_id, ep.slot, ep.task_id = ticket.group_id, ticket.slot, ticket.task_id
         ep.finished_at = ep.finished_at or time.time()
         append_jsonl(self.journal, ep.to_json())  # durable before it is used
         self.counters["episodes"] += 1
         self.cost_total += float(ep.info.get("cost_usd", 0.0) or 0.0)
         self.groups[ticket.group_id].episodes[ticket.slot] = ep
+        # An episode whose policy raised (e.g. sampling on the wrong device) returns normally
+        # with reward 0; it is recorded, but it counts toward the same stop rule as a crash.
+        if ep.info.get("end_reason") != "policy_error":
+            self._consecutive_errors = 0
+            return
+        self.counters["policy_errors"] += 1
+        self._consecutive_errors += 1
+        if self._consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
+            raise OuterLoopError(f"{self._consecutive_errors} episodes in a row ended with "
+                                 f"policy_error; last: {ep.info.get('error', '?')}")
 
     # ---- training -----------------------------------------------------------------------
 
@@ -250,9 +264,12 @@ class OuterLoop:
         groups = self._ready()[: cfg.groups_per_step]
         for g in groups:
             del self.groups[g.group_id]
+        token_level = getattr(self.policy, "token_level", False)
         items, stats = build_batch(groups, self.policy.version,
                                    max_steps_off_policy=cfg.max_steps_off_policy,
-                                   stale_groups=cfg.stale_groups)
+                                   stale_groups=cfg.stale_groups,
+                                   hard_max_staleness=cfg.token_max_staleness if token_level
+                                   else None)
         train = self.policy.train_step(items) if items else {}
         self.step += 1
         self.consumed.update(g.group_id for g in groups)

@@ -12,13 +12,21 @@ The loss (one place, shared with any policy that records per-action logprobs):
 
 N is the number of episodes in the batch (a constant per step, so the learning rate does not
 depend on batch size). Prompts, user text and tool results are never actions, so they carry no
-loss. With `clip_ratio` c > 0 each term is the PPO pessimistic min of the plain and the clipped
-ratio (clipped to [1-c, 1+c]).
+loss. Off-policy turns (sampled several versions ago, or by a sampler whose numerics differ from
+the trainer's, e.g. bf16 on a GPU) can have huge per-token ratios, so each ratio is truncated at
+`tis_cap` C (truncated importance sampling): above C the term is C·A with the gradient
+C·A·∇logp_θ, not ratio·A·∇logp_θ. With `clip_ratio` c > 0 each term is then the PPO pessimistic
+min of the plain and the clipped ratio (clipped to [1-c, 1+c]).
+
+Acting: episodes act from many threads; concurrent turns are gathered into one batched,
+left-padded sampling call (`RequestBatcher`), so G episodes of a group cost one forward per
+token, not G.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,55 +36,94 @@ import torch.nn.functional as F
 
 from nestor.models.sampler import sample
 from nestor.policy.base import Observation, TrainItem, Turn
+from nestor.policy.batching import RequestBatcher
 from nestor.policy.chat import parse_assistant, to_hf_messages
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+DEFAULT_TIS_CAP = 2.0
+
+
+def default_turn_tokens(max_context: int) -> int:
+    """Token cap of one turn when none is set: a quarter of the context, within [256, 4096]
+    (a turn that writes a dataset file needs thousands of tokens; the prompt needs the rest)."""
+    return max(256, min(4096, max_context // 4))
+
+
+def sampling_generator(device: torch.device | str, seed: int) -> torch.Generator:
+    """The sampler's generator, on the device of the logits it samples from: torch.multinomial
+    refuses a CPU generator for CUDA probabilities."""
+    return torch.Generator(device=torch.device(device)).manual_seed(seed)
 
 
 def importance_sampling_loss(logp: torch.Tensor, logp_sample: torch.Tensor,
                              advantages: torch.Tensor, mask: torch.Tensor,
-                             clip_ratio: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """Sum over masked actions of -ratio·A.
+                             clip_ratio: float = 0.0,
+                             tis_cap: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sum over masked actions of -min(ratio, C)·A (C = tis_cap; 0 = no cap), PPO-clipped.
 
     logp, logp_sample, mask: [N, T] (mask True on policy-produced actions); advantages: [N].
     Returns the summed loss (caller normalises) and ratio statistics over the masked actions.
     """
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - logp_sample)  # [N, T]
+    weight = ratio  # [N, T]: the ratio as the loss uses it
+    truncated = torch.zeros_like(ratio, dtype=torch.bool)
+    if tis_cap > 0:
+        truncated = ratio.detach() > tis_cap
+        # value C, gradient C·∇logp (the ratio's direction kept, its size capped)
+        weight = torch.where(truncated, ratio * (tis_cap / ratio.detach()), ratio)
     adv = advantages.to(logp.dtype)[:, None]  # [N, 1]
-    objective = ratio * adv  # [N, T]
+    objective = weight * adv  # [N, T]
     clipped_frac = 0.0
     if clip_ratio > 0:
-        clipped = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio) * adv
+        clipped = torch.clamp(weight, 1.0 - clip_ratio, 1.0 + clip_ratio) * adv
         objective = torch.minimum(objective, clipped)
-        was_clipped = (clipped < ratio * adv).to(logp.dtype)
+        was_clipped = (clipped < weight * adv).to(logp.dtype)
         clipped_frac = float((was_clipped * mask).sum() / mask.sum().clamp(min=1))
     loss = -(objective * mask).sum()
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         stats = {"ratio_mean": float((ratio * mask).sum() / n),
                  "ratio_max": float((ratio * mask).max()) if mask.any() else 1.0,
-                 "clipped_frac": clipped_frac}
+                 "clipped_frac": clipped_frac,
+                 "truncated_frac": float((truncated.to(logp.dtype) * mask).sum() / n)}
     return loss, stats
 
 
 def token_logprobs(model, context_ids: list[int], action_ids: list[int],
                    temperature: float) -> torch.Tensor:
-    """log p(action_t | context, action_<t) under the temperature-scaled distribution: [T]."""
+    """log p(action_t | context, action_<t) under the temperature-scaled distribution: [T].
+
+    Only the T positions that predict actions go through the LM head (`logits_to_keep`): the
+    context's [L, V] logits (L in the thousands, V ~150k for Qwen3) are never built.
+    """
     device = next(model.parameters()).device
+    T = len(action_ids)
     ids = torch.tensor([context_ids + action_ids[:-1]], device=device)  # [1, L+T-1]
-    logits = model(input_ids=ids).logits[0, len(context_ids) - 1:]  # [T, V]
+    logits = model(input_ids=ids, logits_to_keep=T).logits[0]  # [T, V]: positions L-1..L+T-2
     logp = F.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(1, torch.tensor(action_ids, device=device)[:, None])[:, 0]  # [T]
+
+
+class _LockedDecoder:
+    """The tokenizer's `decode` under a lock, for the sampler (other threads render prompts)."""
+
+    def __init__(self, tokenizer, lock: threading.Lock):
+        self.tokenizer, self.lock = tokenizer, lock
+
+    def decode(self, ids: list[int], **kwargs) -> str:
+        with self.lock:
+            return self.tokenizer.decode(ids, **kwargs)
 
 
 class LMPolicy:
     name = "lm"
 
     def __init__(self, model, tokenizer, *, learning_rate: float = 1e-4, lora_rank: int = 8,
-                 lora_alpha: int = 16, temperature: float = 1.0, max_new_tokens: int = 256,
-                 max_context: int | None = None, clip_ratio: float = 0.0, grad_clip: float = 1.0,
-                 seed: int = 0):
+                 lora_alpha: int = 16, temperature: float = 1.0, max_new_tokens: int | None = None,
+                 max_context: int | None = None, clip_ratio: float = 0.0,
+                 tis_cap: float = DEFAULT_TIS_CAP, grad_clip: float = 1.0, seed: int = 0,
+                 act_batch_size: int = 8, act_batch_window_s: float = 0.01):
         from peft import LoraConfig, get_peft_model
 
         if tokenizer.chat_template is None:
@@ -91,18 +138,25 @@ class LMPolicy:
         self.model.eval()  # no dropout anywhere: sampler and trainer see the same function
         self.tokenizer = tokenizer
         self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
+        self.max_new_tokens = max_new_tokens or default_turn_tokens(self.max_context)
         self.clip_ratio = clip_ratio
+        self.tis_cap = tis_cap
         self.grad_clip = grad_clip
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
         self.device = next(self.model.parameters()).device
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = sampling_generator(self.device, seed)
         self.version = 0
         self.malformed_calls = 0
         self.turns_sampled = 0
+        # Episodes act from threads: concurrent turns share one batched sampling call. A fast
+        # tokenizer is not safe to call from several threads at once: `_lock` guards it (and
+        # the counters), never a forward pass, so turns queue up while a batch samples.
+        self._batcher = RequestBatcher(self.sample_batch, max_batch=act_batch_size,
+                                       window_s=act_batch_window_s)
+        self._lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, device: str = "cpu", **kwargs) -> LMPolicy:
@@ -120,6 +174,9 @@ class LMPolicy:
 
     # ---- acting -------------------------------------------------------------------------
 
+    concurrent_act = True  # act() may be called from several threads (SerializedPolicy)
+    token_level = True  # per-token ratios: the loop's hard staleness cap applies
+
     def render(self, obs: Observation) -> list[int]:
         text = self.tokenizer.apply_chat_template(
             to_hf_messages(obs.messages), tools=obs.tools or None,
@@ -129,23 +186,33 @@ class LMPolicy:
         return ids[-keep:] if len(ids) > keep else ids  # the most recent context wins
 
     @torch.no_grad()
-    def sample(self, context_ids: list[int]) -> tuple[list[int], list[float]]:
-        """One turn: sampled ids (ending in eos unless cut) and their logprobs."""
-        out = sample(self.model, [context_ids], self.max_new_tokens, eos_id=self.eos_id,
+    def sample_batch(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        """One turn per context in one left-padded, KV-cached call: for each, the sampled ids
+        (ending in eos unless cut) and their logprobs."""
+        out = sample(self.model, contexts, self.max_new_tokens, eos_id=self.eos_id,
                      pad_id=self.tokenizer.pad_token_id, temperature=self.temperature,
-                     generator=self.generator, tokenizer=self.tokenizer)
-        keep = out.completion_mask[0]  # [T] True on sampled tokens, eos included
-        return out.completion_ids[0][keep].tolist(), out.logprobs[0][keep].tolist()
+                     generator=self.generator, tokenizer=_LockedDecoder(self.tokenizer, self._lock))
+        keep = out.completion_mask  # [B, T] True on sampled tokens, eos included
+        return [(out.completion_ids[b][keep[b]].tolist(), out.logprobs[b][keep[b]].tolist())
+                for b in range(len(contexts))]
+
+    def sample(self, context_ids: list[int]) -> tuple[list[int], list[float]]:
+        """One turn, batched with whatever other turns are being sampled at the same time."""
+        return self._batcher(context_ids)
 
     def act(self, obs: Observation) -> Turn:
-        context = self.render(obs)
+        with self._lock:
+            context = self.render(obs)
         actions, logprobs = self.sample(context)
-        text = self.tokenizer.decode([t for t in actions if t != self.eos_id],
-                                     skip_special_tokens=False)
-        message, error = parse_assistant(text, call_prefix=f"call_{self.turns_sampled}")
-        self.turns_sampled += 1
+        with self._lock:
+            text = self.tokenizer.decode([t for t in actions if t != self.eos_id],
+                                         skip_special_tokens=False)
+            call_prefix = f"call_{self.turns_sampled}"
+            self.turns_sampled += 1
+        message, error = parse_assistant(text, call_prefix=call_prefix)
         if error is not None:
-            self.malformed_calls += 1
+            with self._lock:
+                self.malformed_calls += 1
         return Turn(message=message, action_ids=actions, sample_logprobs=logprobs,
                     context_ids=context, parse_error=error)
 
@@ -156,7 +223,7 @@ class LMPolicy:
         and gradients accumulated, so memory is bounded by the longest turn."""
         self.optimizer.zero_grad(set_to_none=True)
         n_items = max(1, len(batch))
-        total_loss, tokens, ratio_sum, ratio_max, clipped = 0.0, 0, 0.0, 0.0, 0.0
+        total_loss, tokens, ratio_sum, ratio_max, clipped, truncated = 0.0, 0, 0.0, 0.0, 0.0, 0.0
         for item in batch:
             for turn in item.turns:
                 if not turn.action_ids:
@@ -166,7 +233,8 @@ class LMPolicy:
                 logp_sample = torch.tensor([turn.sample_logprobs], device=self.device)  # [1, T]
                 mask = torch.ones_like(logp, dtype=torch.bool)
                 loss, stats = importance_sampling_loss(
-                    logp, logp_sample, torch.tensor([item.advantage]), mask, self.clip_ratio)
+                    logp, logp_sample, torch.tensor([item.advantage], device=self.device), mask,
+                    self.clip_ratio, self.tis_cap)
                 (loss / n_items).backward()
                 t = len(turn.action_ids)
                 total_loss += float(loss.detach()) / n_items
@@ -174,6 +242,7 @@ class LMPolicy:
                 ratio_sum += stats["ratio_mean"] * t
                 ratio_max = max(ratio_max, stats["ratio_max"])
                 clipped += stats["clipped_frac"] * t
+                truncated += stats["truncated_frac"] * t
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(
             params, self.grad_clip if self.grad_clip > 0 else math.inf))
@@ -182,6 +251,7 @@ class LMPolicy:
         return {"loss": total_loss, "tokens": float(tokens), "grad_norm": grad_norm,
                 "ratio_mean": ratio_sum / max(1, tokens), "ratio_max": ratio_max,
                 "clipped_frac": clipped / max(1, tokens),
+                "truncated_frac": truncated / max(1, tokens),
                 "malformed_calls_total": float(self.malformed_calls)}
 
     # ---- persistence --------------------------------------------------------------------
@@ -204,7 +274,10 @@ class LMPolicy:
         state = torch.load(path / "state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
-        self.generator.set_state(state["generator"])
+        try:
+            self.generator.set_state(state["generator"])
+        except RuntimeError:  # saved on another device (a CPU run resumed on a GPU): reseed
+            self.generator.manual_seed(int(state["generator"].sum()) + self.version)
         self.malformed_calls = state["malformed_calls"]
         self.turns_sampled = state["turns_sampled"]
 

@@ -32,6 +32,39 @@ def test_advantages_and_zero_variance():
     assert stats.staleness == [5]
 
 
+def test_token_policies_drop_groups_past_the_hard_staleness_cap():
+    def group(version_b):
+        return Group(0, "t", 2, {0: EpisodeSummary(0, 0, "t", 1.0, 9),
+                                 1: EpisodeSummary(0, 1, "t", 0.0, version_b)})
+    # stale by 4 (reweighted) and by 7: kept without a hard cap, dropped past a cap of 5
+    items, stats = build_batch([group(6), group(3)], 10, max_steps_off_policy=2,
+                               stale_groups="reweight")
+    assert len(items) == 4 and stats.stale_kept == 2 and stats.stale_dropped == 0
+    items, stats = build_batch([group(6), group(3)], 10, max_steps_off_policy=2,
+                               stale_groups="reweight", hard_max_staleness=5)
+    assert len(items) == 2 and stats.stale_kept == 1 and stats.stale_dropped == 1
+
+
+def test_policy_error_episodes_trip_the_stop_rule(tmp_path):
+    # The episode returns normally (reward 0, end_reason policy_error), as it does when the
+    # LM's sampler raises: the loop must stop instead of training on zeros forever.
+    import pytest
+
+    from nestor.outer.loop import MAX_CONSECUTIVE_ERRORS, OuterLoopError
+
+    def broken(policy, ticket):
+        return EpisodeSummary(ticket.group_id, ticket.slot, ticket.task_id, 0.0, policy.version,
+                              info={"end_reason": "policy_error",
+                                    "error": "RuntimeError: Expected a 'cuda' device type"})
+
+    loop = OuterLoop(cfg(steps=50), BanditPolicy(), broken, tmp_path)
+    with pytest.raises(OuterLoopError, match="policy_error.*cuda"):
+        loop.run()
+    loop.join()
+    assert loop.counters["policy_errors"] == MAX_CONSECUTIVE_ERRORS
+    assert len(read_jsonl(tmp_path / "outer" / "episodes.jsonl")) == MAX_CONSECUTIVE_ERRORS
+
+
 def test_task_order_is_balanced_and_pure():
     tasks = ["a", "b", "c"]
     first_round = [task_for_group(tasks, 7, g) for g in range(3)]

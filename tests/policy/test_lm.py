@@ -149,3 +149,119 @@ def test_train_step_changes_only_lora_and_moves_logprobs(agent, tmp_path):
     with torch.no_grad():
         lp2 = token_logprobs(other.model, ctx, act, other.temperature).sum()
     assert float(lp2) == pytest.approx(float(lp1), abs=1e-4)
+
+
+# ---- the GPU path, checked on CPU -------------------------------------------------------------
+
+def _random_tiny_model():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from nestor.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return Qwen3ForCausalLM(cfg), tok
+
+
+def test_sampling_generator_lives_on_the_models_device(monkeypatch):
+    # torch.multinomial on CUDA logits refuses a CPU generator. A model on another device
+    # (meta here: no CUDA on CI) must get its generator on that device, not on the CPU.
+    model, tok = _random_tiny_model()
+    made = []
+    real = torch.Generator
+
+    class Recorder:
+        def __init__(self, device):
+            made.append(torch.device(device))
+            self._g = real("cpu")
+
+        def manual_seed(self, seed):
+            self._g.manual_seed(seed)
+            return self
+
+    monkeypatch.setattr(torch, "Generator", Recorder)
+    policy = LMPolicy(model.to("meta"), tok)
+    assert policy.device == torch.device("meta") and made == [torch.device("meta")]
+
+
+def test_default_turn_cap_follows_the_context():
+    from nestor.policy.lm import default_turn_tokens
+
+    assert default_turn_tokens(2048) == 512 and default_turn_tokens(8192) == 2048
+    assert default_turn_tokens(512) == 256 and default_turn_tokens(40960) == 4096
+    model, tok = _random_tiny_model()
+    assert LMPolicy(model, tok).max_new_tokens == 512  # 2048 positions
+
+
+def test_token_logprobs_runs_the_lm_head_on_action_positions_only(agent):
+    turn = agent.act(obs())
+    rows = []
+    head = agent.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda m, i, o: rows.append(o.shape[-2]))
+    try:
+        with torch.no_grad():
+            lp = token_logprobs(agent.model, turn.context_ids, turn.action_ids, 0.7)
+    finally:
+        hook.remove()
+    assert rows == [len(turn.action_ids)]  # not len(context) + len(actions) - 1
+    with torch.no_grad():  # the same numbers as the full-vocabulary, full-context computation
+        ids = torch.tensor([turn.context_ids + turn.action_ids[:-1]])
+        full = torch.log_softmax(agent.model(input_ids=ids).logits[0].float() / 0.7, -1)
+        ref = full[len(turn.context_ids) - 1:].gather(
+            1, torch.tensor(turn.action_ids)[:, None])[:, 0]
+    assert torch.allclose(lp, ref, atol=1e-5)
+
+
+def test_truncated_importance_ratio_caps_value_and_gradient():
+    logp = torch.log(torch.tensor([[50.0, 0.5]])).requires_grad_()
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool)
+    loss, stats = importance_sampling_loss(logp, torch.zeros(1, 2), adv, mask, tis_cap=2.0)
+    loss.backward()
+    # ratio 50 counts as 2 (value and gradient 2·∇logp); ratio 0.5 is untouched
+    assert float(loss.detach()) == pytest.approx(-(2.0 + 0.5))
+    assert logp.grad.tolist()[0] == pytest.approx([-2.0, -0.5])
+    assert stats["truncated_frac"] == pytest.approx(0.5) and stats["ratio_max"] == pytest.approx(50)
+    uncapped, _ = importance_sampling_loss(logp, torch.zeros(1, 2), adv, mask, tis_cap=0.0)
+    assert float(uncapped) == pytest.approx(-50.5)
+
+
+def test_batched_sampling_matches_per_item_logprobs(agent):
+    # Contexts of different lengths go through one left-padded call; each row's recorded
+    # logprobs must be what the trainer computes for that row alone.
+    contexts = [agent.render(obs()),
+                agent.render(obs(Message("user", "and a much longer follow-up question"))),
+                agent.render(Observation([Message("user", "hi")], TOOLS))]
+    assert len({len(c) for c in contexts}) == 3
+    outs = agent.sample_batch(contexts)
+    assert len(outs) == 3
+    for ctx, (ids, lps) in zip(contexts, outs, strict=True):
+        assert len(ids) == len(lps) >= 1
+        with torch.no_grad():
+            alone = token_logprobs(agent.model, ctx, ids, agent.temperature)
+        assert torch.allclose(alone, torch.tensor(lps), atol=1e-4)
+
+
+def test_concurrent_acts_share_one_sampling_call():
+    import threading
+
+    from nestor.outer.loop import SerializedPolicy
+
+    # A long window and a batch of 4: the four threads' turns go through one call.
+    policy = SerializedPolicy(tiny_agent(bundled=False, max_new_tokens=6,
+                                         act_batch_size=4, act_batch_window_s=5.0))
+    turns = [None] * 4
+
+    def run(i):
+        turns[i] = policy.act(obs(Message("user", "x" * i)))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert policy._batcher.batch_sizes == [4]
+    assert all(t is not None and len(t.action_ids) == len(t.sample_logprobs) >= 1 for t in turns)
+    assert policy.turns_sampled == 4
