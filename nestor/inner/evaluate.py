@@ -3,7 +3,9 @@ task's HiddenEval. Besides the CLI's `eval`, this is the only importer of `nesto
 it runs in the trusted process and never hands items to agent-visible code.
 
 Pre-scores of base models are cached on disk under `Settings.cache_dir`, keyed by model, a
-fingerprint of its weights, task, eval version, difficulty and n.
+fingerprint of its weights, task, eval version, difficulty, n, and the device type and dtype the
+model was scored in: a job's improvement is post − pre, so both must come from the same
+function — greedy decoding in bf16 on a GPU and in float32 on a CPU differ.
 """
 
 from __future__ import annotations
@@ -104,11 +106,33 @@ def weights_fingerprint(model_dir: Path) -> str:
     return _FINGERPRINTS[stat_key]
 
 
-def cache_path(model_name: str, model_dir: Path, task_id: str, difficulty: int, n: int) -> Path:
+def dtype_name(dtype) -> str:
+    """torch.bfloat16 -> 'bfloat16' (names as in config.json and WorkerType.dtype)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def score_dtype(model_dir: Path, device: str, dtype: str | None = None) -> str:
+    """The dtype a base model is scored and trained in: `dtype` if given ('auto' = the
+    checkpoint's); otherwise float32 on a CPU and the checkpoint's own dtype (bf16 for Qwen3)
+    on an accelerator."""
+    import torch
+
+    if dtype and dtype != "auto":
+        return dtype_name(dtype)
+    if dtype is None and torch.device(device).type == "cpu":
+        return "float32"
+    config = json.loads((model_dir / "config.json").read_text())
+    return dtype_name(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
+def cache_path(model_name: str, model_dir: Path, task_id: str, difficulty: int, n: int,
+               device: str = "cpu", dtype: str = "float32") -> Path:
+    import torch
+
     from nestor.config import load_settings
 
     key = json.dumps([model_name, weights_fingerprint(model_dir), task_id, EVAL_VERSION,
-                      difficulty, n])
+                      difficulty, n, torch.device(device).type, dtype_name(dtype)])
     name = hashlib.sha256(key.encode()).hexdigest()[:24]
     return Path(load_settings().cache_dir) / "prescores" / f"{name}.json"
 
@@ -129,22 +153,29 @@ def _write_cache(path: Path, result: EvalResult) -> None:
 
 def evaluate(model_name_or_path: str, task_ids: list[str], *, difficulty: int = 0,
              n: int = DEFAULT_N, use_cache: bool = True, device: str = "cpu",
-             registry: TaskRegistry | None = None, on_result=None) -> list[EvalResult]:
-    """Score a base model (registry name or directory) on tasks; loads the model only when a
-    task is not already cached. Raises ModelNotFoundError / TaskError on bad names."""
+             dtype: str | None = None, registry: TaskRegistry | None = None,
+             on_result=None) -> list[EvalResult]:
+    """Score a base model (registry name or directory) on tasks, on `device` in
+    `score_dtype(...)`; loads the model only when a task is not already cached. Raises
+    ModelNotFoundError / TaskError on bad names."""
+    import torch
+
     from nestor.models.registry import load_model, resolve_model_dir
 
     registry = registry or _registry()
     refs = [registry.get(t) for t in task_ids]  # unknown ids fail before any work
     model_dir = resolve_model_dir(model_name_or_path)
+    dtype = score_dtype(model_dir, device, dtype)
     model = tokenizer = None
     results = []
     for ref in refs:
-        path = cache_path(str(model_name_or_path), model_dir, ref.id, difficulty, n)
+        path = cache_path(str(model_name_or_path), model_dir, ref.id, difficulty, n, device,
+                          dtype)
         result = _read_cache(path) if use_cache else None
         if result is None:
             if model is None:
-                model, tokenizer = load_model(model_dir, device=device)
+                model, tokenizer = load_model(model_dir, device=device,
+                                              dtype=getattr(torch, dtype))
             result = score_model(model, tokenizer, hidden_eval(ref, n=n, difficulty=difficulty))
             _write_cache(path, result)
         results.append(result)
@@ -154,6 +185,24 @@ def evaluate(model_name_or_path: str, task_ids: list[str], *, difficulty: int = 
 
 
 def pre_score(model_name: str, task_id: str, difficulty: int = 0, n: int = DEFAULT_N,
-              registry: TaskRegistry | None = None) -> EvalResult:
-    """The cached score of a base model on one task (what a job's improvement is measured from)."""
-    return evaluate(model_name, [task_id], difficulty=difficulty, n=n, registry=registry)[0]
+              registry: TaskRegistry | None = None, *, model=None, tokenizer=None,
+              device: str = "cpu", dtype: str | None = None) -> EvalResult:
+    """The cached score of a base model on one task (what a job's improvement is measured from).
+
+    With `model` (a loaded base model: a warm worker's), that very model is scored, so the
+    pre-score comes from the function the post-score will use (same device, same dtype); the
+    cache key takes its device and dtype. Without, the model is loaded on `device`."""
+    if model is None:
+        return evaluate(model_name, [task_id], difficulty=difficulty, n=n, registry=registry,
+                        device=device, dtype=dtype)[0]
+    from nestor.models.registry import resolve_model_dir
+
+    ref = (registry or _registry()).get(task_id)
+    param = next(model.parameters())
+    path = cache_path(model_name, resolve_model_dir(model_name), ref.id, difficulty, n,
+                      str(param.device), dtype_name(param.dtype))
+    result = _read_cache(path)
+    if result is None:
+        result = score_model(model, tokenizer, hidden_eval(ref, n=n, difficulty=difficulty))
+        _write_cache(path, result)
+    return result

@@ -8,7 +8,13 @@ One step:
      equal carry no signal and are dropped (optionally)
   5. `updates_per_step` AdamW steps on the token-level importance-ratio loss, PPO-clipped,
      masked to completion tokens, normalised by the number of completion tokens, plus an
-     optional k3 KL penalty to the frozen base model.
+     optional k3 KL penalty to the frozen base model. The batch goes through in micro-batches
+     of `micro_batch_prompts` prompt groups, gradients accumulated (same loss, less memory).
+
+Weights in bf16/fp16 (Qwen3 on a GPU) are trained through float32 master copies: AdamW's
+step (~lr per weight) is below a bf16 weight's rounding step (~weight/256) at sane learning
+rates, so updating the bf16 weights in place would mostly round away. The optimizer updates
+the float32 masters; the model's weights are their rounded copies.
 
 Row b of a step's batch is completion g of prompt p with b = p*G + g. All the math is in
 `policy_loss` and `group_advantages`; the rest is bookkeeping.
@@ -153,7 +159,8 @@ class GRPOTrainer:
     scores completions. ref_model: the frozen base for the KL term of a full fine-tune (LoRA
     uses the adapter-disabled model instead); only used when config.kl_coef > 0.
     micro_batch_groups: how many prompt groups go through one forward/backward (memory knob;
-    None = all at once); results do not depend on it beyond float rounding.
+    None = config.micro_batch_prompts, 0 there = all at once); results do not depend on it
+    beyond float rounding.
     """
 
     def __init__(self, model, tokenizer, prompts: list[str], reward_fn: RewardFn,
@@ -163,7 +170,7 @@ class GRPOTrainer:
         self.config = config
         self.tokenizer = tokenizer
         self.reward_fn = reward_fn
-        self.micro = micro_batch_groups
+        self.micro = micro_batch_groups or config.micro_batch_prompts or None
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.prompt_tokens = [render_prompt(tokenizer, p) for p in prompts]
@@ -183,7 +190,10 @@ class GRPOTrainer:
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=config.learning_rate,
+        # float32 master weights for low-precision trainables (the optimizer's view of them)
+        self.master = [p if p.dtype == torch.float32 else p.detach().float().clone()
+                       for p in self.params]
+        self.opt = torch.optim.AdamW(self.master, lr=config.learning_rate,
                                      weight_decay=config.weight_decay, betas=(0.9, 0.99))
         self.generator = torch.Generator(next(model.parameters()).device).manual_seed(config.seed)
         self._rng = random.Random(config.seed)
@@ -294,6 +304,8 @@ class GRPOTrainer:
         for update in range(cfg.updates_per_step):
             totals = {"loss": 0.0, "clip_tokens": 0.0, "kl_old_sum": 0.0, "kl_ref_sum": 0.0}
             self.opt.zero_grad(set_to_none=True)
+            for p in self.params:
+                p.grad = None
             for i in range(0, K, chunk):
                 k = min(chunk, K - i)
                 rows = torch.arange(k, device=dev).repeat_interleave(G)  # [k*G] -> prompt in chunk
@@ -308,9 +320,7 @@ class GRPOTrainer:
                 totals["loss"] += float(loss.detach())
                 for key, v in st.items():
                     totals[key] += v
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-            self.opt.step()
+            grad_norm = self._optimizer_step()
             if update == 0:
                 # On the first pass the trainer's policy is the sampler's: kl_old measures
                 # their mismatch (0 up to float error on CPU float32).
@@ -321,7 +331,23 @@ class GRPOTrainer:
             if ref_logp is not None:
                 out["kl_ref"] = totals["kl_ref_sum"] / max(n_tokens, 1)
         self.opt.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
         return out
+
+    def _optimizer_step(self) -> Tensor:
+        """Clip and step on the float32 masters, then copy them into the model's weights."""
+        for p, m in zip(self.params, self.master, strict=True):
+            if m is not p:
+                m.grad = None if p.grad is None else p.grad.float()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.master, self.config.grad_clip if self.config.grad_clip > 0 else math.inf)
+        self.opt.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.master, strict=True):
+                if m is not p:
+                    p.copy_(m)  # rounded to the model's dtype; the master keeps the rest
+        return grad_norm
 
     def train(self, *, should_stop: Callable[[], bool] | None = None,
               on_step: Callable[[dict], None] | None = None) -> list[dict]:

@@ -31,10 +31,16 @@ LOG_LINES = 40
 
 class WarmState:
     """What a warm worker keeps across jobs: loaded base models (never trained: each job gets a
-    copy) and pre-scores of (model, task, difficulty)."""
+    copy) and pre-scores of (model, task, difficulty).
 
-    def __init__(self, device: str = "cpu", threads: int | None = None):
+    `device` and `dtype` come from the worker type (a GPU type trains on "cuda"); dtype None is
+    float32 on a CPU and the checkpoint's own (bf16 for Qwen3) elsewhere. The base model is
+    loaded once in that device and dtype, and both the pre-score and each job's trained copy
+    (hence its post-score) come from it: a job that changes nothing improves by exactly 0."""
+
+    def __init__(self, device: str = "cpu", threads: int | None = None, dtype: str | None = None):
         self.device = device
+        self.dtype = dtype
         if threads:  # tiny models gain little from more threads, and lose a lot when the
             import torch  # cores are oversubscribed (OpenMP threads spin-wait on each other)
 
@@ -45,11 +51,13 @@ class WarmState:
     def base(self, name: str):
         """(frozen base model, tokenizer), loaded once."""
         if name not in self._models:
-            from nestor.models.registry import load_model
+            import torch
 
-            model, tokenizer = load_model(name, device=self.device)
-            if self.device == "cpu":
-                model = model.float()  # CPU training and sampling in float32
+            from nestor.inner.evaluate import score_dtype
+            from nestor.models.registry import load_model, resolve_model_dir
+
+            dtype = score_dtype(resolve_model_dir(name), self.device, self.dtype)
+            model, tokenizer = load_model(name, device=self.device, dtype=getattr(torch, dtype))
             model.eval().requires_grad_(False)
             self._models[name] = (model, tokenizer)
         return self._models[name]
@@ -78,13 +86,15 @@ class WarmState:
         return copy.deepcopy(model), tokenizer
 
     def pre_score(self, name: str, task_id: str, difficulty: int, registry=None) -> float:
-        """Hidden-eval accuracy of the base model (cached here and on disk)."""
+        """Hidden-eval accuracy of the warm base model itself (cached here, and on disk keyed
+        by its device and dtype): the scorer the post-score uses, on the same weights."""
         key = (name, task_id, difficulty)
         if key not in self._pre:
             from nestor.inner.evaluate import pre_score
 
-            self._pre[key] = float(pre_score(name, task_id, difficulty,
-                                             registry=registry).accuracy)
+            model, tokenizer = self.base(name)
+            self._pre[key] = float(pre_score(name, task_id, difficulty, registry=registry,
+                                             model=model, tokenizer=tokenizer).accuracy)
         return self._pre[key]
 
 
@@ -164,7 +174,9 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         lap("load_model_s")
         pre = warm.pre_score(config.base_model, request.task_id, request.difficulty, registry)
         result["pre_score"] = pre
-        log(f"{config.base_model} on {request.task_id}: pre-score {pre:.3f}")
+        weight = next(base.parameters())
+        log(f"{config.base_model} on {request.task_id}: pre-score {pre:.3f} "
+            f"({weight.device}, {str(weight.dtype).removeprefix('torch.')})")
         lap("pre_score_s")
         deadline = t0 + request.timeout_s
 

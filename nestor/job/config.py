@@ -42,6 +42,9 @@ class JobConfig(BaseModel):
                                      "(they carry no signal).")
     weight_decay: float = Field(0.0, ge=0.0, le=0.5, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, ge=0.0, le=100.0, description="Global gradient-norm clip; 0 disables.")
+    micro_batch_prompts: int = Field(0, ge=0, le=256, description="Prompt groups per "
+                                     "forward/backward pass, gradients accumulated (a memory "
+                                     "knob: same loss); 0 = the whole step at once.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for sampling and initialisation.")
     loss: Literal["token_is"] = Field("token_is", description="Token-level importance-ratio policy gradient.")
 

@@ -49,9 +49,29 @@ class WorkerType(BaseModel):
     models: list[str] = Field(
         default_factory=list, description="Base models this type can run; empty = any.")
     max_workers: int = Field(1, ge=1, le=1024, description="Most workers of this type at once.")
+    device: str | None = Field(
+        None, pattern=r"^(cpu|cuda(:\d+)?|mps)$", description="Torch device the built-in "
+        "trainer and scorer use; default 'cuda' when num_gpus > 0, else 'cpu'.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None, description="Weights dtype of base models on this type; default float32 on a "
+        "CPU and the checkpoint's own (bf16 for Qwen3) on a GPU. Full fine-tunes keep float32 "
+        "master weights whatever this is.")
 
     def runs(self, base_model: str | None) -> bool:
         return not self.models or base_model is None or base_model in self.models
+
+    def torch_device(self) -> str:
+        return self.device or ("cuda" if self.num_gpus > 0 else "cpu")
+
+    def warm_kwargs(self) -> dict[str, str]:
+        """Keyword arguments for the warm state (WarmState(device=..., dtype=...)); empty on the
+        CPU default, so a custom warm_state class need not take them."""
+        out = {}
+        if self.torch_device() != "cpu":
+            out["device"] = self.torch_device()
+        if self.dtype is not None:
+            out["dtype"] = self.dtype
+        return out
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,7 @@ class WorkerSpec:
     threads: int  # torch / OpenMP threads
     python_path: tuple[str, ...] = ()  # extra import paths
     preload: tuple[str, ...] = ()  # base models the warm state loads before the worker is ready
+    warm_kwargs: tuple[tuple[str, str], ...] = ()  # the warm state's device / dtype, if not CPU
 
 
 class PoolConfig(BaseModel):
@@ -113,7 +134,8 @@ class PoolConfig(BaseModel):
     def worker_spec(self, wtype: WorkerType, threads: int) -> WorkerSpec:
         """What a worker of `wtype` is started with."""
         return WorkerSpec(self.job_fn, self.warm_state, threads, tuple(self.python_path),
-                          tuple(m for m in self.preload_models if wtype.runs(m)))
+                          tuple(m for m in self.preload_models if wtype.runs(m)),
+                          tuple(sorted(wtype.warm_kwargs().items())))
 
     def types(self, cluster_cpus: int | None = None) -> list[WorkerType]:
         """The configured worker types, or the one default type of this backend."""

@@ -24,7 +24,9 @@ class WarmWorker:
             os.environ[var] = str(spec.threads)
         sys.path[:0] = [p for p in spec.python_path if p not in sys.path]
         self.fn = load_callable(spec.job_fn)
-        self.warm = load_callable(spec.warm_state)() if spec.warm_state else None
+        # A GPU worker type's device and dtype reach the warm state (hence the trainer).
+        self.warm = (load_callable(spec.warm_state)(**dict(spec.warm_kwargs))
+                     if spec.warm_state else None)
         if "torch" in sys.modules:  # imported by the job module: env vars came too late for it
             sys.modules["torch"].set_num_threads(spec.threads)
         # A worker is "ready" only once warm: the first job should not pay the start-up.

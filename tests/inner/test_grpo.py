@@ -235,3 +235,54 @@ def test_training_raises_the_reward_and_its_negation_lowers_it(tok):
     assert sum(up[-3:]) / 3 > up[0] + 0.2
     down = curve(lambda t, c: [1.0 - r for r in lowercase_share(t, c)])
     assert sum(down[-3:]) / 3 > down[0] + 0.2  # 1 - lowercase share rises: lowercase falls
+
+
+def test_bf16_full_finetune_keeps_float32_master_weights(tok):
+    # The GPU path: Qwen3 weights are bf16. AdamW's ~lr-sized steps are below a bf16 weight's
+    # rounding step, so plain AdamW on the bf16 weights leaves most of them where they were.
+    model = tiny_model(tok).to(torch.bfloat16)
+    trainer = GRPOTrainer(model, tok, PROMPTS, lowercase_share, config(learning_rate=1e-5))
+    assert all(m.dtype == torch.float32 for m in trainer.master)
+    m = trainer.step()  # a real step runs end to end in bf16 on the CPU
+    assert m["groups_trained"] > 0
+    assert all(torch.equal(p, mw.to(torch.bfloat16)) for p, mw in
+               zip(trainer.params, trainer.master, strict=True))
+
+    def changed_share(step_fn, params) -> float:
+        before = [p.detach().clone() for p in params]
+        for _ in range(30):  # 30 steps of lr 1e-5 with one constant gradient: ~3e-4 each
+            for p in params:
+                p.grad = torch.ones_like(p)
+            step_fn()
+        total = sum(p.numel() for p in params)
+        return sum(int((p != b).sum()) for p, b in zip(params, before, strict=True)) / total
+
+    with_master = changed_share(trainer._optimizer_step, trainer.params)
+    plain_model = tiny_model(tok).to(torch.bfloat16)
+    plain_params = list(plain_model.parameters())
+    plain = torch.optim.AdamW(plain_params, lr=1e-5, weight_decay=0.0, betas=(0.9, 0.99))
+    without = changed_share(plain.step, plain_params)
+    assert with_master > 0.5 and without < 0.2, (with_master, without)
+
+
+def test_micro_batch_knob_gives_the_full_batch_loss(tok):
+    # JobConfig.micro_batch_prompts splits a step into gradient-accumulated passes: the loss
+    # and the update are those of the whole batch (up to float rounding).
+    def run(micro):
+        trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lowercase_share,
+                              config(max_steps=1, micro_batch_prompts=micro))
+        calls, grads = [], {}
+        trainer.model.register_forward_hook(lambda mod, args, kw, out: calls.append(1),
+                                            with_kwargs=True)
+        step = trainer.opt.step
+        trainer.opt.step = lambda: (grads.update(
+            {n: p.grad.clone() for n, p in trainer.model.named_parameters()}), step())
+        hist = trainer.train()
+        return hist[0], grads, len(calls)
+
+    full, g_full, n_full = run(0)
+    micro, g_micro, n_micro = run(1)
+    assert full["groups_trained"] == micro["groups_trained"] >= 2
+    assert micro["loss"] == pytest.approx(full["loss"], abs=1e-6)
+    assert g_full and all(torch.allclose(g_full[n], g_micro[n], atol=1e-6) for n in g_full)
+    assert n_micro > n_full  # it really went through in more, smaller passes

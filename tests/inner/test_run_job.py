@@ -84,6 +84,46 @@ def test_reward_server_crash_is_failed(tmp_path, warm):
     assert result.steps == 0 and "scor" in result.log_tail
 
 
+def test_warm_state_loads_in_its_device_and_dtype():
+    import torch
+
+    model, _ = WarmState(dtype="bfloat16").base("tiny-s")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    model, _ = WarmState().base("tiny-s")  # CPU default: float32
+    assert next(model.parameters()).dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_a_job_that_changes_nothing_improves_by_exactly_zero(tmp_path, monkeypatch):
+    # Every reward equal: every group has zero variance, no update is made. Pre and post must
+    # then be the same function of the same weights, in the worker's dtype (bf16 here, as on a
+    # GPU), so the improvement is exactly 0 - not the gap between a fresh float32 copy and a
+    # bf16 one.
+    from nestor.inner import evaluate as ev
+    from nestor.models.registry import resolve_model_dir
+
+    monkeypatch.setenv("NESTOR_CACHE", str(tmp_path / "cache"))
+    job = make_job(tmp_path, SMALL.replace("max_steps = 3", "max_steps = 1"))
+    env = job / "env" / "reverse_job" / "__init__.py"
+    text = env.read_text()
+    for line in ("        return float(normalise(trace.last_reply) == self.data.answer)",
+                 "        return same / max(len(reply), len(answer))"):
+        assert line in text
+        text = text.replace(line, "        return 0.5")
+    env.write_text(text)
+    result = run_job(request(job), warm=WarmState(dtype="bfloat16"))
+    assert result.status == "ok", result.log_tail
+    assert result.metrics[0]["groups_trained"] == 0
+    assert result.improvement == 0.0 and result.post_score == result.pre_score
+    assert "(cpu, bfloat16)" in result.log_tail
+    # the pre-score cache is keyed by device and dtype: bf16 and float32 never share an entry
+    d = resolve_model_dir("tiny-s")
+    bf16 = ev.cache_path("tiny-s", d, "reverse", 0, ev.DEFAULT_N, "cpu", "bfloat16")
+    assert bf16.is_file()
+    assert bf16 != ev.cache_path("tiny-s", d, "reverse", 0, ev.DEFAULT_N, "cpu", "float32")
+    assert bf16 != ev.cache_path("tiny-s", d, "reverse", 0, ev.DEFAULT_N, "cuda:0", "bfloat16")
+
+
 @pytest.mark.slow
 def test_small_job_trains_and_checkpoint_loads(tmp_path, warm):
     from nestor.models.registry import load_model

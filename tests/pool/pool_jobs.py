@@ -18,9 +18,10 @@ from nestor.inner.types import JobRequest, JobResult
 class CountingWarm:
     """Warm state that proves it survives across jobs: it counts the jobs its worker ran."""
 
-    def __init__(self) -> None:
+    def __init__(self, **options: str) -> None:
         self.jobs = 0
         self.preloaded: list[str] | None = None
+        self.options = options  # device / dtype from the worker type
 
     def warm_up(self, models: tuple[str, ...]) -> None:
         self.preloaded = list(models)
@@ -39,7 +40,8 @@ def behave_job(request: JobRequest, *, warm: CountingWarm | None = None) -> JobR
     time.sleep(float(spec.get("sleep", 0.0)))
     return JobResult(status="ok", steps=warm.jobs if warm else 0,
                      metrics=[{"pid": os.getpid(), "task": request.task_id,
-                               "preloaded": warm.preloaded if warm else None}])
+                               "preloaded": warm.preloaded if warm else None,
+                               "warm_options": warm.options if warm else None}])
 
 
 def noop_job(request: JobRequest, *, warm: object = None) -> JobResult:

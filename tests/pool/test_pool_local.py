@@ -134,6 +134,21 @@ def test_workers_warm_up_their_models_before_the_first_job(pool_config, make_job
     assert rb.metrics[0]["preloaded"] == ["tiny-s", "tiny-m"]
 
 
+def test_gpu_worker_types_hand_their_device_and_dtype_to_the_warm_state(pool_config, make_job):
+    # A type that reserves a GPU must not train on the CPU: its warm state gets device "cuda"
+    # (and the dtype asked for); a CPU type gets no options at all (custom warm states need not
+    # take them).
+    types = [WorkerType(name="gpu", num_gpus=1, dtype="bfloat16"), WorkerType(name="cpu")]
+    assert types[0].warm_kwargs() == {"device": "cuda", "dtype": "bfloat16"}
+    assert WorkerType(name="x", num_gpus=1, device="cuda:1").torch_device() == "cuda:1"
+    with make_pool(pool_config(worker_types=types, preload_models=[])) as pool:
+        a = pool.submit(JobRequest(job_dir=make_job("a"), task_id="t"), worker_type="gpu")
+        b = pool.submit(JobRequest(job_dir=make_job("b"), task_id="t"), worker_type="cpu")
+        ra, rb = a.result(timeout=60), b.result(timeout=60)
+    assert ra.metrics[0]["warm_options"] == {"device": "cuda", "dtype": "bfloat16"}
+    assert rb.metrics[0]["warm_options"] == {}
+
+
 def test_shutdown_lets_idle_workers_exit_cleanly(pool_config, make_job, tmp_path):
     marker = tmp_path / "exited"
     with make_pool(pool_config(workers=1)) as pool:
