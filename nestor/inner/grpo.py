@@ -191,7 +191,7 @@ class GRPOTrainer:
             self.ref_model.eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
         # float32 master weights for low-precision trainables (the optimizer's view of them)
-        self.master = [p if p.dtype == torch.float32 else p.detach().float().clone()
+        self.master = [p if p.dtype == torch.float32 else p.detach().float()
                        for p in self.params]
         self.opt = torch.optim.AdamW(self.master, lr=config.learning_rate,
                                      weight_decay=config.weight_decay, betas=(0.9, 0.99))

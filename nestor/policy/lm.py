@@ -118,6 +118,8 @@ class _LockedDecoder:
 
 class LMPolicy:
     name = "lm"
+    concurrent_act = True  # act() may be called from several threads (SerializedPolicy)
+    token_level = True  # per-token ratios: the loop's hard staleness cap applies
 
     def __init__(self, model, tokenizer, *, learning_rate: float = 1e-4, lora_rank: int = 8,
                  lora_alpha: int = 16, temperature: float = 1.0, max_new_tokens: int | None = None,
@@ -173,9 +175,6 @@ class LMPolicy:
         return cls(model.float().to(device), tokenizer, **kwargs)
 
     # ---- acting -------------------------------------------------------------------------
-
-    concurrent_act = True  # act() may be called from several threads (SerializedPolicy)
-    token_level = True  # per-token ratios: the loop's hard staleness cap applies
 
     def render(self, obs: Observation) -> list[int]:
         text = self.tokenizer.apply_chat_template(
