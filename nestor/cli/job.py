@@ -121,12 +121,26 @@ def train(
     timeout_s: float = typer.Option(3600.0, "--timeout", min=1, help="Wall-clock limit, seconds."),
     threads: int = typer.Option(1, "--threads", min=1, max=256, help="torch CPU threads (the "
                                 "tiny models gain little from more; raise it for bigger ones)."),
+    device: str = typer.Option("cpu", "--device", help="Torch device to train and score on: "
+                               "cpu, cuda, cuda:N."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Weights dtype: auto, float32, "
+                                     "bfloat16, float16 (default float32 on cpu, the "
+                                     "checkpoint's own on a GPU)."),
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
     """GRPO-train the job's base model and score it before and after on the hidden eval.
 
     Exit 0 when the job trained (status ok), 1 otherwise (invalid, failed, timeout)."""
+    from pydantic import ValidationError
+
+    from nestor.pool.config import WorkerType
+
+    try:  # the worker type's own rules for device and dtype
+        WorkerType(name="cli", device=device, dtype=dtype)
+    except ValidationError as exc:
+        fail(f"--device {device!r} / --dtype {dtype!r}: use --device cpu, cuda or cuda:N and "
+             f"--dtype auto, float32, bfloat16 or float16 ({exc.error_count()} problem(s))")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from nestor.inner.run import WarmState, run_job
@@ -148,7 +162,8 @@ def train(
             progress.update(bar, completed=m["step"], description=(
                 f"training: reward {m['reward_mean']:.3f}, {m['tokens_per_s']:.0f} tok/s"))
 
-        result = run_job(request, warm=WarmState(threads=threads), on_step=on_step)
+        result = run_job(request, warm=WarmState(device=device, dtype=dtype, threads=threads),
+                         on_step=on_step)
     fields = ("status", "pre_score", "post_score", "improvement", "wall_s", "train_s", "steps",
               "reward_curve", "checkpoint", "base_model", "log_tail")
     shown = {k: getattr(result, k) for k in fields}

@@ -169,3 +169,15 @@ def test_lora_checkpoint_saves_adapter_and_merged_weights(tmp_path):
     base, _ = load_model("tiny-s")
     with torch.no_grad():
         assert not torch.allclose(base(ids).logits, expected, atol=1e-4)
+
+
+def test_cli_job_train_refuses_a_bad_device_or_dtype_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from nestor.cli import app
+
+    job = make_job(tmp_path)
+    for args in (["--device", "gpu0"], ["--dtype", "int8"]):
+        res = CliRunner().invoke(app, ["job", "train", str(job), "--task", "reverse", *args])
+        assert res.exit_code == 2 and "--device" in res.output and "cuda:N" in res.output
+        assert "Traceback" not in res.output
