@@ -25,6 +25,7 @@ from pathlib import Path
 
 from nestor.inner.types import JobRequest, JobResult
 from nestor.job.config import JobConfigError, load_job_config
+from nestor.job.layout import LayoutError, read_layout
 
 LOG_LINES = 40
 
@@ -121,9 +122,10 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         return JobResult(status=status, wall_s=time.monotonic() - t0, **{**result, **kw})
 
     job_dir = Path(request.job_dir)
-    try:
+    try:  # the same files check as validation: no link in the job is ever followed
+        read_layout(job_dir)
         config = load_job_config(job_dir / "config.toml")
-    except JobConfigError as exc:
+    except (LayoutError, JobConfigError) as exc:
         return done("invalid", log_tail=str(exc))
     if (err := config.budget_error(request.token_budget)) is not None:
         return done("invalid", log_tail=err)

@@ -26,8 +26,9 @@ from pydantic import BaseModel, Field
 
 from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig, JobConfigError, load_job_config
 from nestor.job.dryrun import render_prompt, rollouts, tokenizer_for
-from nestor.job.layout import DATA, JobLayout, LayoutError, read_layout
+from nestor.job.layout import CONFIG, DATA, MAX_DATA_BYTES, JobLayout, LayoutError, read_layout
 from nestor.job.rubric_probe import RubricProbe, probe_replies
+from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
 from nestor.job.tasksource import JobTaskSource, TaskSourceError, Timeouts
 from nestor.sandbox import Limits, SandboxError
 from nestor.tasks import TaskSpec
@@ -119,7 +120,7 @@ def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_
 def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
                     report: _Report) -> JobConfig | None:
     config = None
-    if (job_dir / "config.toml").is_file():
+    if is_plain_file(job_dir, CONFIG):  # a link or special file: the files check said so
         try:
             config = load_job_config(job_dir / "config.toml")
         except JobConfigError as exc:
@@ -136,8 +137,8 @@ def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
         error = config.budget_error(token_budget)
         report.add("budget", error is None, error or f"{config.sampled_tokens():,} of "
                    f"{token_budget:,} sampled tokens")
-    if (job_dir / DATA).is_file():
-        ok, message = check_dataset(job_dir / DATA)
+    if is_plain_file(job_dir, DATA):
+        ok, message = check_dataset(job_dir / DATA, root=job_dir)
         report.add("dataset", ok, message)
     return config
 
@@ -153,30 +154,32 @@ def _model_problem(name: str) -> str | None:
     return None
 
 
-def check_dataset(path: Path) -> tuple[bool, str]:
+def check_dataset(path: Path, root: Path | None = None) -> tuple[bool, str]:
     """Every line of data/train.jsonl is a JSON object with a string `prompt` (and, if present,
-    a string or number `answer`)."""
+    a string or number `answer`). The file is read without following links from `root` (the
+    job directory; default: the file's own directory), at most MAX_DATA_BYTES of it."""
     rows = 0
+    root = Path(root) if root is not None else path.parent
     try:
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    return False, f"{DATA} line {lineno}: not JSON ({exc}); write one JSON " \
-                        "object per line"
-                if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                    return False, f"{DATA} line {lineno}: each row must be a JSON object with " \
-                        f"a string \"prompt\", got {line.strip()[:80]!r}"
-                if "answer" in row and not isinstance(row["answer"], str | int | float):
-                    return False, f"{DATA} line {lineno}: \"answer\" must be a string"
-                rows += 1
-                if rows > MAX_ROWS:
-                    return False, f"{DATA}: more than {MAX_ROWS:,} rows; keep it smaller"
-    except UnicodeDecodeError:
-        return False, f"{DATA}: not UTF-8 text"
+        text = read_text(root, path.relative_to(root).as_posix(), MAX_DATA_BYTES)
+    except UnsafeFileError as exc:
+        return False, str(exc)
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+            return False, f"{DATA} line {lineno}: not JSON ({exc}); write one JSON " \
+                "object per line"
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            return False, f"{DATA} line {lineno}: each row must be a JSON object with " \
+                f"a string \"prompt\", got {line.strip()[:80]!r}"
+        if "answer" in row and not isinstance(row["answer"], str | int | float):
+            return False, f"{DATA} line {lineno}: \"answer\" must be a string"
+        rows += 1
+        if rows > MAX_ROWS:
+            return False, f"{DATA}: more than {MAX_ROWS:,} rows; keep it smaller"
     if rows == 0:
         return False, f"{DATA} is empty; write one JSON object per line"
     return True, f"{rows:,} rows"
