@@ -170,7 +170,9 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         lap("pre_score_s")
         deadline = t0 + request.timeout_s
 
+        from nestor.inner.canary import CanaryReward
         from nestor.inner.grpo import GRPOTrainer
+        from nestor.job.memory import check as memory_check
         from nestor.job.tasksource import JobTaskSource
 
         if time.monotonic() > deadline:
@@ -179,9 +181,13 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         with JobTaskSource(job_dir, warm=True) as source:
             prompts = source.prompts()
             log(f"reward server up: {len(prompts)} tasks")
+            if (err := memory_check(config, prompts, tokenizer, request.memory_cap_mb)):
+                return done("invalid", log_tail=f"memory: {err}")
             lap("reward_server_s")
-            trainer = GRPOTrainer(model, tokenizer, prompts, source.score, config,
-                                  ref_model=base)
+            # The rubric is re-probed and watched with canary replies (inner/canary.py).
+            reward = CanaryReward(source, task.spec(request.difficulty), request.canary,
+                                  seed=config.seed, log=log)
+            trainer = GRPOTrainer(model, tokenizer, prompts, reward, config, ref_model=base)
 
             def step_done(m: dict) -> None:
                 history.append(m)
