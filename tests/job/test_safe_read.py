@@ -165,3 +165,11 @@ def test_cli_validate_train_export_refuse_a_linked_job(job, secret, tmp_path):
         assert result.exit_code != 0, args
         assert "symbolic link" in result.output, (args, result.output)
         assert "TOP-SECRET" not in result.output
+
+
+def test_task_source_refuses_to_stage_a_special_file(job):
+    from nestor.job.tasksource import JobTaskSource, TaskSourceError
+
+    os.mkfifo(job / "env" / "reverse_job" / "pipe")
+    with pytest.raises(TaskSourceError, match="FIFO"):
+        JobTaskSource(job, package="reverse_job")  # the package given: no layout check first
