@@ -1,4 +1,5 @@
-"""Writes train.jsonl: prompts in the test's exact format (`reverse <s>`, one user message).
+"""Writes train.jsonl: `reverse <s>` behind a ~1,000-character preamble (the mistake: with
+256 prompts × 64 samples, every rollout's KV cache spans the whole preamble).
 
 Lengths 2-8 cover the tested 3-6 with a margin either side; letters are uniform a-z, repeats
 allowed, like the test. Duplicates are dropped so no prompt dominates a batch.
@@ -10,7 +11,8 @@ import random
 import string
 from pathlib import Path
 
-ROWS, SEED = 2000, 7
+ROWS, SEED = 300, 7
+PREAMBLE = ("Read the whole request carefully before you answer, letter by letter. " * 15)[:1000]
 
 
 def main() -> None:
@@ -24,7 +26,7 @@ def main() -> None:
             if s in seen:
                 continue
             seen.add(s)
-            fh.write(json.dumps({"prompt": f"reverse {s}", "answer": s[::-1]}) + "\n")
+            fh.write(json.dumps({"prompt": f"{PREAMBLE} reverse {s}", "answer": s[::-1]}) + "\n")
 
 
 if __name__ == "__main__":
