@@ -29,6 +29,7 @@ from nestor.agent.prompt import system_prompt, task_message
 from nestor.agent.reward import RewardConfig, compute_reward
 from nestor.inner.types import JobRequest, JobResult
 from nestor.job.config import DEFAULT_TOKEN_BUDGET
+from nestor.job.memory import DEFAULT_MEMORY_CAP_MB
 from nestor.ledger import Ledger
 from nestor.policy.base import Message, Observation, Policy, TrainItem, Turn
 from nestor.tasks import TaskSpec
@@ -45,6 +46,8 @@ class EpisodeConfig(BaseModel):
     max_attempts: int = Field(3, ge=1, le=10, description="Submits (validation probes) allowed.")
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, gt=0, description="Sampled-token cap of "
                               "the inner job (the validation probe enforces it).")
+    memory_cap_mb: int = Field(DEFAULT_MEMORY_CAP_MB, ge=64, description="Cap on the inner "
+                               "trainer's estimated peak memory, MiB (the probe's `memory` check).")
     job_timeout_s: float = Field(600.0, gt=0, description="Wall-clock cap of the inner job; "
                                  "also the scale of the speed tie-breaker.")
     difficulty: int = Field(0, ge=0, le=3, description="Task difficulty (input size level).")
@@ -163,7 +166,8 @@ class _Episode:
         self.rec.attempts = n
         t0 = time.perf_counter()
         try:
-            report = validate_job(snap, self.spec, token_budget=self.cfg.token_budget)
+            report = validate_job(snap, self.spec, token_budget=self.cfg.token_budget,
+                                  memory_cap_mb=self.cfg.memory_cap_mb)
         except Exception as exc:  # the probe promises not to raise; if it does, the job failed
             report = ValidationReport(passed=False, elapsed_s=time.perf_counter() - t0, checks=[
                 Check(name="probe", ok=False, message=f"{type(exc).__name__}: {exc}")])
@@ -188,6 +192,7 @@ class _Episode:
         request = JobRequest(job_dir=job_dir, task_id=self.spec.id,
                              difficulty=self.cfg.difficulty, out_dir=self.dir / "checkpoint",
                              token_budget=self.cfg.token_budget,
+                             memory_cap_mb=self.cfg.memory_cap_mb,
                              timeout_s=self.cfg.job_timeout_s, request_id=job_id)
         self.ledger.add_job(job_id, self.rec.id, request.model_dump(mode="json"))
         try:

@@ -41,17 +41,21 @@ def validate(
     difficulty: int = DifficultyOpt,
     token_budget: int | None = typer.Option(None, "--token-budget", min=1,
                                             help="Cap on sampled tokens (default: the standard cap)."),
+    memory_cap: int | None = typer.Option(None, "--memory-cap", min=64, help="Cap in MiB on the "
+                                          "trainer's estimated peak memory (default 2048)."),
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
     """Run the validation probe; exit 0 when the job passes, 1 when it does not."""
     from nestor.job.config import DEFAULT_TOKEN_BUDGET
+    from nestor.job.memory import DEFAULT_MEMORY_CAP_MB
     from nestor.job.validate import validate_job
 
     spec = _spec(task, difficulty, tasks_module)
     _job_dir(job_dir)
     with console.status(f"validating {job_dir} for {task}…"):
-        report = validate_job(job_dir, spec, token_budget=token_budget or DEFAULT_TOKEN_BUDGET)
+        report = validate_job(job_dir, spec, token_budget=token_budget or DEFAULT_TOKEN_BUDGET,
+                              memory_cap_mb=memory_cap or DEFAULT_MEMORY_CAP_MB)
     if json_:
         print_json(report.model_dump())
     else:
@@ -126,6 +130,8 @@ def train(
     dtype: str | None = typer.Option(None, "--dtype", help="Weights dtype: auto, float32, "
                                      "bfloat16, float16 (default float32 on cpu, the "
                                      "checkpoint's own on a GPU)."),
+    memory_cap: int | None = typer.Option(None, "--memory-cap", min=64, help="Cap in MiB on the "
+                                          "trainer's estimated peak memory (default 2048)."),
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
@@ -149,7 +155,8 @@ def train(
 
     _spec(task, difficulty, tasks_module)
     request = JobRequest(job_dir=_job_dir(job_dir).resolve(), task_id=task, difficulty=difficulty,
-                         out_dir=out, timeout_s=timeout_s, tasks_modules=list(tasks_module or []))
+                         out_dir=out, timeout_s=timeout_s, tasks_modules=list(tasks_module or []),
+                         **({"memory_cap_mb": memory_cap} if memory_cap else {}))
     try:
         total = load_job_config(job_dir / "config.toml").max_steps
     except JobConfigError:

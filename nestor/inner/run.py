@@ -25,6 +25,7 @@ from pathlib import Path
 
 from nestor.inner.types import JobRequest, JobResult
 from nestor.job.config import JobConfigError, load_job_config
+from nestor.job.layout import LayoutError, read_layout
 
 LOG_LINES = 40
 
@@ -131,9 +132,10 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         return JobResult(status=status, wall_s=time.monotonic() - t0, **{**result, **kw})
 
     job_dir = Path(request.job_dir)
-    try:
+    try:  # the same files check as validation: no link in the job is ever followed
+        read_layout(job_dir)
         config = load_job_config(job_dir / "config.toml")
-    except JobConfigError as exc:
+    except (LayoutError, JobConfigError) as exc:
         return done("invalid", log_tail=str(exc))
     if (err := config.budget_error(request.token_budget)) is not None:
         return done("invalid", log_tail=err)
@@ -180,7 +182,9 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         lap("pre_score_s")
         deadline = t0 + request.timeout_s
 
+        from nestor.inner.canary import CanaryReward
         from nestor.inner.grpo import GRPOTrainer
+        from nestor.job.memory import check as memory_check
         from nestor.job.tasksource import JobTaskSource
 
         if time.monotonic() > deadline:
@@ -189,9 +193,13 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         with JobTaskSource(job_dir, warm=True) as source:
             prompts = source.prompts()
             log(f"reward server up: {len(prompts)} tasks")
+            if (err := memory_check(config, prompts, tokenizer, request.memory_cap_mb)):
+                return done("invalid", log_tail=f"memory: {err}")
             lap("reward_server_s")
-            trainer = GRPOTrainer(model, tokenizer, prompts, source.score, config,
-                                  ref_model=base)
+            # The rubric is re-probed and watched with canary replies (inner/canary.py).
+            reward = CanaryReward(source, task.spec(request.difficulty), request.canary,
+                                  seed=config.seed, log=log)
+            trainer = GRPOTrainer(model, tokenizer, prompts, reward, config, ref_model=base)
 
             def step_done(m: dict) -> None:
                 history.append(m)

@@ -7,7 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from nestor.inner.canary import CanaryConfig
 from nestor.job.config import DEFAULT_TOKEN_BUDGET
+from nestor.job.memory import DEFAULT_MEMORY_CAP_MB
 
 JobStatus = Literal["ok", "invalid", "failed", "timeout", "lost"]
 
@@ -21,6 +23,10 @@ class JobRequest(BaseModel):
     timeout_s: float = Field(600.0, gt=0)
     request_id: str = ""
     tasks_modules: list[str] = Field(default_factory=list)
+    memory_cap_mb: int = Field(DEFAULT_MEMORY_CAP_MB, ge=64, description="Refuse (invalid) a "
+                               "job whose estimated trainer peak is over this (job/memory.py).")
+    canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Canary replies "
+                                 "mixed into the reward batches (inner/canary.py).")
 
 
 class JobResult(BaseModel):

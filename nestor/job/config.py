@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from nestor.config import validation_problems
 
 DEFAULT_TOKEN_BUDGET = 150_000  # sampled tokens per job; callers may set their own cap
+MAX_CONFIG_BYTES = 64 << 10
 
 
 class JobConfig(BaseModel):
@@ -66,11 +67,17 @@ class JobConfigError(ValueError):
 
 
 def load_job_config(path: Path) -> JobConfig:
-    if not path.is_file():
-        raise JobConfigError(f"{path.name}: missing")
+    """The JobConfig in `path` (a job's config.toml), read without following a link."""
+    from nestor.job.safe_read import UnsafeFileError, read_text
+
+    path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8", errors="strict"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        text = read_text(path.parent, path.name, MAX_CONFIG_BYTES)
+    except UnsafeFileError as exc:
+        raise JobConfigError(str(exc)) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise JobConfigError(f"{path.name}: not valid TOML: {exc}") from None
     try:
         return JobConfig.model_validate(data)

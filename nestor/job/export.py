@@ -12,7 +12,8 @@ from pathlib import Path
 import tomli_w
 
 from nestor.job.config import JobConfig, load_job_config
-from nestor.job.layout import read_layout
+from nestor.job.layout import DATA, MAX_DATA_BYTES, LayoutError, read_layout
+from nestor.job.safe_read import UnsafeFileError, read_bytes
 
 HF_REPOS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "qwen3-1.7b": "Qwen/Qwen3-1.7B"}
 NOT_CARRIED = ("clip_ratio", "kl_coef", "updates_per_step", "scale_rewards",
@@ -31,16 +32,19 @@ def _model_name(base_model: str) -> str:
         return base_model
 
 
-def _seq_len(data: Path, max_new_tokens: int) -> int:
+def _seq_len(root: Path, max_new_tokens: int) -> int:
     """A power of two covering the longest prompt (characters bound tokens from above for
-    every tokenizer we use) plus the completion."""
+    every tokenizer we use) plus the completion. The data is read without following links."""
     longest = 0
-    with data.open(encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                longest = max(longest, len(json.loads(line).get("prompt", "")))
-            except (ValueError, AttributeError, TypeError):
-                continue
+    try:
+        data = read_bytes(root, DATA, MAX_DATA_BYTES).decode("utf-8", errors="replace")
+    except UnsafeFileError as exc:
+        raise LayoutError(str(exc)) from None
+    for line in data.split("\n"):
+        try:
+            longest = max(longest, len(json.loads(line).get("prompt", "")))
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            continue
     need, size = longest + TEMPLATE_TOKENS + max_new_tokens, 256
     while size < need:
         size *= 2
@@ -62,7 +66,7 @@ def to_prime_rl(job_dir: Path | str) -> dict:
         trainer["model"] = {"lora": {"rank": config.lora_rank, "alpha": config.lora_alpha}}
     return {
         "max_steps": config.max_steps,
-        "seq_len": _seq_len(layout.data, config.max_new_tokens),
+        "seq_len": _seq_len(layout.root, config.max_new_tokens),
         "model": {"name": _model_name(config.base_model)},
         "deployment": {"num_train_gpus": 1, "num_infer_gpus": 1},
         "orchestrator": {

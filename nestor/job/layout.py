@@ -6,16 +6,21 @@
       env/pyproject.toml     the taskset package's metadata; [project] name = the taskset id
       env/<name>/__init__.py exports exactly one vf.Taskset subclass in __all__
 
-Everything here reads files as data; the env package is only ever imported in the sandbox.
+Everything here reads files as data, through `safe_read` (no link is followed; symlinks,
+hard links and special files anywhere in the job are a layout error); the env package is only
+ever imported in the sandbox.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from nestor.job import safe_read
 
 CONFIG = "config.toml"
 DATA = "data/train.jsonl"
@@ -23,6 +28,7 @@ ENV = "env"
 PYPROJECT = "env/pyproject.toml"
 REQUIRED = (CONFIG, DATA, PYPROJECT)
 MAX_DATA_BYTES = 32 << 20
+MAX_TOML_BYTES = 64 << 10  # config.toml, env/pyproject.toml
 
 _PYPROJECT_TEMPLATE = '''\
 [project]
@@ -88,7 +94,12 @@ def read_layout(job_dir: Path | str) -> JobLayout:
     root = Path(job_dir)
     if not root.is_dir():
         raise LayoutError(f"{root}: not a directory")
-    problems = [f"{name} is missing" for name in REQUIRED if not (root / name).is_file()]
+    unsafe = safe_read.scan(root)
+    if unsafe:
+        more = f" (and {len(unsafe) - 3} more)" if len(unsafe) > 3 else ""
+        raise LayoutError("; ".join(unsafe[:3]) + more)
+    problems = [f"{name} is missing" for name in REQUIRED
+                if not safe_read.is_plain_file(root, name)]
     packages = env_packages(root)
     if not packages:
         problems.append("no taskset package: add env/<name>/__init__.py (name = a Python "
@@ -106,11 +117,10 @@ def read_layout(job_dir: Path | str) -> JobLayout:
             _installed(package, root):
         raise LayoutError(f"env/{package} would shadow the installed module {package!r}; "
                           f"rename it (e.g. env/{package}_job)")
-    _check_pyproject(root / PYPROJECT, package)
-    data = root / DATA
-    if data.stat().st_size > MAX_DATA_BYTES:
-        raise LayoutError(f"{DATA} is {data.stat().st_size:,} bytes; keep it under "
-                          f"{MAX_DATA_BYTES:,}")
+    _check_pyproject(root, package)
+    size = os.stat(root / DATA, follow_symlinks=False).st_size  # a first look; reads count bytes
+    if size > MAX_DATA_BYTES:
+        raise LayoutError(f"{DATA} is {size:,} bytes; keep it under {MAX_DATA_BYTES:,}")
     return JobLayout(root=root, package=package)
 
 
@@ -126,10 +136,12 @@ def _installed(name: str, root: Path) -> bool:
     return not origin.resolve().is_relative_to(root.resolve())
 
 
-def _check_pyproject(path: Path, package: str) -> None:
+def _check_pyproject(root: Path, package: str) -> None:
     try:
-        meta = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        meta = tomllib.loads(safe_read.read_text(root, PYPROJECT, MAX_TOML_BYTES))
+    except safe_read.UnsafeFileError as exc:
+        raise LayoutError(str(exc)) from None
+    except tomllib.TOMLDecodeError as exc:
         raise LayoutError(f"{PYPROJECT}: not valid TOML: {exc}") from None
     name = meta.get("project", {}).get("name") if isinstance(meta.get("project"), dict) else None
     if not isinstance(name, str) or not name:

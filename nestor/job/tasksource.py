@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nestor.job.layout import read_layout
+from nestor.job.safe_read import UnsafeFileError, copy_tree
 from nestor.sandbox import Limits, SandboxedProcess, SandboxError
 
 HOST_SCRIPT = Path(__file__).with_name("host.py")
@@ -182,19 +183,9 @@ def shutdown_hosts() -> None:
 
 
 def _copy_job(src: Path, dst: Path) -> None:
-    """Copy the job into the staging dir, world-readable. Symlinks stay links: inside the
-    sandbox they resolve against its own, nearly empty, filesystem."""
-    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    os.chmod(dst, 0o755)
-    for base, dirs, files in os.walk(dst):
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(base, name), 0o755)
-        for name in files:
-            path = os.path.join(base, name)
-            if not os.path.islink(path):
-                with contextlib.suppress(OSError):
-                    os.chmod(path, 0o644)
+    """Copy the job into the staging dir as fresh, world-readable files, following no link
+    (safe_read.copy_tree: a link or special file in the job is refused, never copied)."""
+    copy_tree(src, dst)
 
 
 class JobTaskSource:
@@ -217,7 +208,7 @@ class JobTaskSource:
         self._staged = self._zygote.stage / uuid.uuid4().hex
         try:
             _copy_job(self.job_dir, self._staged)
-        except OSError as exc:
+        except (OSError, UnsafeFileError) as exc:
             _release(self._zygote, keep=True)
             raise TaskSourceError("host", f"could not stage the job: {exc}") from None
 

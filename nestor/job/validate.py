@@ -7,11 +7,11 @@ a report names the first thing to fix in each chain:
 
   files -> config -> budget                (trusted: reads files as data)
   files -> dataset
-  files -> imports -> taskset -> load -> context
+  files -> imports -> taskset -> load -> context -> memory
                                 load -> rewards_valid -> reward_speed -> deterministic
                                         -> reference_beats_empty, reference_beats_corrupted,
                                            not_constant
-  context + rewards_valid -> dry_run      (a few base-model rollouts scored by the rubric)
+  memory + rewards_valid -> dry_run      (a few base-model rollouts scored by the rubric)
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig, JobConfigError, load_job_config
-from nestor.job.dryrun import render_prompt, rollouts, tokenizer_for
-from nestor.job.layout import DATA, JobLayout, LayoutError, read_layout
+from nestor.job.dryrun import rollouts, tokenizer_for
+from nestor.job.layout import CONFIG, DATA, MAX_DATA_BYTES, JobLayout, LayoutError, read_layout
+from nestor.job.memory import DEFAULT_MEMORY_CAP_MB, MIB, longest_prompt, memory_error, model_shape
 from nestor.job.rubric_probe import RubricProbe, probe_replies
-from nestor.job.tasksource import JobTaskSource, TaskSourceError, Timeouts
-from nestor.sandbox import Limits, SandboxError
+from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
+from nestor.job.tasksource import TRAIN_LIMITS, JobTaskSource, TaskSourceError, Timeouts
+from nestor.sandbox import SandboxError
 from nestor.tasks import TaskSpec
 
 log = logging.getLogger("nestor.job")
@@ -39,9 +41,10 @@ MAX_ROWS = 200_000
 RUBRIC_TASKS = 16  # tasks probed by the rubric checks
 DRY_RUN_PROMPTS, DRY_RUN_SAMPLES = 4, 2
 MAX_SECONDS_PER_REPLY = 0.02  # mean rubric time per completion; a GRPO step scores ~128
-PROBE_LIMITS = Limits(cpu_s=60, memory_mb=1024, nproc=64, fsize_mb=16, nofile=256, wall_s=30,
-                      output_bytes=200_000, tmp_mb=64)
-PROBE_TIMEOUTS = Timeouts(start_s=60, import_s=10, load_s=15, score_s=10)
+# One source: the probe runs the job under training's own limits and request timeouts, so that
+# nothing the job can observe from inside (rlimits, a request's alarm) tells the two apart.
+PROBE_LIMITS = TRAIN_LIMITS
+PROBE_TIMEOUTS = Timeouts()
 
 
 class Check(BaseModel):
@@ -75,15 +78,16 @@ class _Report:
 
 
 def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
-                 warm: bool = True, dry_run: bool = True,
-                 timeouts: Timeouts = PROBE_TIMEOUTS) -> ValidationReport:
+                 warm: bool = True, dry_run: bool = True, timeouts: Timeouts = PROBE_TIMEOUTS,
+                 memory_cap_mb: int = DEFAULT_MEMORY_CAP_MB) -> ValidationReport:
     """Run every check on the job in `job_dir` for the task `spec`. Never raises for anything
     the job contains. `warm` reuses an idle sandboxed host (kept from the last probe, or
     started ahead by `nestor.job.tasksource.prewarm(PROBE_LIMITS)` while the agent works)."""
     t0 = time.perf_counter()
     report = _Report()
     try:
-        _validate(Path(job_dir), spec, token_budget, warm, dry_run, timeouts, report)
+        _validate(Path(job_dir), spec, token_budget, warm, dry_run, timeouts, memory_cap_mb,
+                  report)
     except Exception as exc:  # a bug of ours must not take the episode down with it
         log.exception("validation probe crashed")
         report.add("probe", False, f"the probe itself failed ({type(exc).__name__}: {exc}); "
@@ -94,7 +98,7 @@ def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEF
 
 
 def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_run: bool,
-              timeouts: Timeouts, report: _Report) -> None:
+              timeouts: Timeouts, memory_cap_mb: int, report: _Report) -> None:
     try:
         layout = read_layout(job_dir)
     except LayoutError as exc:
@@ -113,13 +117,13 @@ def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_
     with source:
         config = _trusted_checks(job_dir, layout, token_budget, report)
         tokenizer = _tokenizer(config.base_model) if config else None
-        _sandbox_checks(source, spec, config, tokenizer, dry_run, report)
+        _sandbox_checks(source, spec, config, tokenizer, dry_run, memory_cap_mb, report)
 
 
 def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
                     report: _Report) -> JobConfig | None:
     config = None
-    if (job_dir / "config.toml").is_file():
+    if is_plain_file(job_dir, CONFIG):  # a link or special file: the files check said so
         try:
             config = load_job_config(job_dir / "config.toml")
         except JobConfigError as exc:
@@ -136,8 +140,8 @@ def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
         error = config.budget_error(token_budget)
         report.add("budget", error is None, error or f"{config.sampled_tokens():,} of "
                    f"{token_budget:,} sampled tokens")
-    if (job_dir / DATA).is_file():
-        ok, message = check_dataset(job_dir / DATA)
+    if is_plain_file(job_dir, DATA):
+        ok, message = check_dataset(job_dir / DATA, root=job_dir)
         report.add("dataset", ok, message)
     return config
 
@@ -153,30 +157,32 @@ def _model_problem(name: str) -> str | None:
     return None
 
 
-def check_dataset(path: Path) -> tuple[bool, str]:
+def check_dataset(path: Path, root: Path | None = None) -> tuple[bool, str]:
     """Every line of data/train.jsonl is a JSON object with a string `prompt` (and, if present,
-    a string or number `answer`)."""
+    a string or number `answer`). The file is read without following links from `root` (the
+    job directory; default: the file's own directory), at most MAX_DATA_BYTES of it."""
     rows = 0
+    root = Path(root) if root is not None else path.parent
     try:
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    return False, f"{DATA} line {lineno}: not JSON ({exc}); write one JSON " \
-                        "object per line"
-                if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                    return False, f"{DATA} line {lineno}: each row must be a JSON object with " \
-                        f"a string \"prompt\", got {line.strip()[:80]!r}"
-                if "answer" in row and not isinstance(row["answer"], str | int | float):
-                    return False, f"{DATA} line {lineno}: \"answer\" must be a string"
-                rows += 1
-                if rows > MAX_ROWS:
-                    return False, f"{DATA}: more than {MAX_ROWS:,} rows; keep it smaller"
-    except UnicodeDecodeError:
-        return False, f"{DATA}: not UTF-8 text"
+        text = read_text(root, path.relative_to(root).as_posix(), MAX_DATA_BYTES)
+    except UnsafeFileError as exc:
+        return False, str(exc)
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+            return False, f"{DATA} line {lineno}: not JSON ({exc}); write one JSON " \
+                "object per line"
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            return False, f"{DATA} line {lineno}: each row must be a JSON object with " \
+                f"a string \"prompt\", got {line.strip()[:80]!r}"
+        if "answer" in row and not isinstance(row["answer"], str | int | float):
+            return False, f"{DATA} line {lineno}: \"answer\" must be a string"
+        rows += 1
+        if rows > MAX_ROWS:
+            return False, f"{DATA}: more than {MAX_ROWS:,} rows; keep it smaller"
     if rows == 0:
         return False, f"{DATA} is empty; write one JSON object per line"
     return True, f"{rows:,} rows"
@@ -185,7 +191,7 @@ def check_dataset(path: Path) -> tuple[bool, str]:
 # ----------------------------------------------------------------------------- the sandbox
 
 def _sandbox_checks(source: JobTaskSource, spec: TaskSpec, config: JobConfig | None,
-                    tokenizer, dry_run: bool, report: _Report) -> None:
+                    tokenizer, dry_run: bool, memory_cap_mb: int, report: _Report) -> None:
     try:
         source.start()
     except TaskSourceError as exc:
@@ -210,7 +216,8 @@ def _sandbox_checks(source: JobTaskSource, spec: TaskSpec, config: JobConfig | N
         return
     if not _check_tasks(tasks, source, report):
         return
-    fits = config is not None and _check_context(tasks, config, tokenizer, report)
+    fits = config is not None and _check_context(tasks, config, tokenizer, report) \
+        and _check_memory(tasks, config, tokenizer, memory_cap_mb, report)
     valid = _rubric_checks(source, tasks, spec, report)
     if dry_run and valid and fits:
         _dry_run(source, tasks, config, report)
@@ -238,14 +245,7 @@ def _check_context(tasks: list[dict], config: JobConfig, tokenizer, report: _Rep
     limit = _context_length(config.base_model)
     if tokenizer is None or limit is None:
         return report.add("context", True, f"skipped: no tokenizer for {config.base_model} here")
-    # Token counts grow with characters, so the longest prompts by characters are the ones to
-    # measure exactly.
-    longest = sorted(range(len(tasks)), key=lambda i: -len(tasks[i]["prompt"]))[:16]
-    worst, worst_i = 0, 0
-    for i in longest:
-        n = len(render_prompt(tokenizer, tasks[i]["prompt"]))
-        if n > worst:
-            worst, worst_i = n, i
+    worst, worst_i = longest_prompt([t["prompt"] for t in tasks], tokenizer)
     need = worst + config.max_new_tokens
     if need > limit:
         return report.add("context", False, f"task {worst_i}'s prompt is {worst} tokens; with "
@@ -253,6 +253,20 @@ def _check_context(tasks: list[dict], config: JobConfig, tokenizer, report: _Rep
                           f"{config.base_model}'s context of {limit}; shorten the prompts")
     return report.add("context", True, f"longest prompt {worst} tokens + {config.max_new_tokens} new "
                f"≤ {limit}")
+
+
+def _check_memory(tasks: list[dict], config: JobConfig, tokenizer, cap_mb: int,
+                  report: _Report) -> bool:
+    """The trainer's estimated peak memory (job/memory.py) within the cap."""
+    shape = model_shape(config.base_model)
+    if shape is None:
+        return report.add("memory", True, f"skipped: no config of {config.base_model} here")
+    tokens, _ = longest_prompt([t["prompt"] for t in tasks], tokenizer)
+    est, error = memory_error(config, shape, tokens, cap_mb)
+    if error is not None:
+        return report.add("memory", False, error)
+    return report.add("memory", True, f"about {est.peak / MIB:,.0f} MiB at the trainer's peak "
+                      f"(cap {cap_mb:,} MiB)")
 
 
 def _rubric_checks(source: JobTaskSource, tasks: list[dict], spec: TaskSpec,

@@ -21,7 +21,7 @@ def test_examples_cover_the_issue():
     checks = {n.removeprefix("bad-") for n in JOBS if n.startswith("bad-")}
     assert {"files", "config", "budget", "dataset", "imports", "taskset", "load", "context",
             "rewards_valid", "deterministic", "reward_speed", "reference_beats_empty",
-            "reference_beats_corrupted", "not_constant", "dry_run"} <= checks
+            "reference_beats_corrupted", "not_constant", "dry_run", "memory"} <= checks
     strings = {t.id for t in REGISTRY.tasks(family="strings")}
     assert {f"good-{t}" for t in strings} <= set(JOBS)
     families = {REGISTRY.get(_task(n)).family.name for n in JOBS if n.startswith("good-")}

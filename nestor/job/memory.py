@@ -1,0 +1,231 @@
+"""How much memory the built-in GRPO trainer will need for a job, before it runs.
+
+The token budget counts sampled tokens only; memory grows with the *prompt* tokens too. One
+step holds, in float32 on CPU (the laptop trainer):
+
+  resident   the interpreter with torch + transformers, the frozen base model and the
+             trainable copy (2 × params), and for training: grads + AdamW's two moments
+             (3 × the trainable params: all of them, or LoRA's r·(in+out) per linear layer)
+  sampling   rollouts of B = prompts_per_step × group_size rows: the KV cache of every row,
+             B × (prompt + max_new_tokens) × layers × 2 × kv_heads × head_dim, plus the
+             prefill's activations and attention scores over the P distinct prompts
+  update     the forward kept for the backward: the prompt prefix once per prompt, its KV
+             cache gathered to all B rows (when max_new_tokens > 1), then B × max_new_tokens
+             completion positions (activations, attention scores over prompt + completion)
+             and their logits (vocab × positions, with the log-softmax's copies)
+
+Sampling and the update do not overlap (the sampler's cache is freed first), so the peak is
+runtime + SLACK × (weights + optimizer + max(sampling, update)). The terms are upper bounds of what the tensors hold; the
+constants per hidden unit (ACT_PER_HIDDEN, ACT_PER_FFN) were measured against peak RSS on the
+tiny models (benchmarks/memory_estimate.py prints estimate against measurement).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from nestor.job.config import JobConfig
+
+GIB = 1 << 30
+MIB = 1 << 20
+DEFAULT_MEMORY_CAP_MB = 2048  # fits the tiny models' jobs with room; set per machine
+RUNTIME_BYTES = 480 * MIB  # python + torch + transformers + tokenizers (370 MiB RSS measured)
+#                            plus what the allocator keeps after the first steps
+SLACK = 1.05  # the allocator's overhead on the tensors: the terms alone came out 3-4% low
+ACT_PER_HIDDEN = 20  # floats per token per layer per hidden unit kept for the backward (norms'
+#                     intermediates, q/k/v and their rotary and norm copies, residuals)
+ACT_PER_FFN = 4  # ... per intermediate (MLP) unit: gate, up, silu(gate), their product
+TEMPLATE_TOKENS = 16  # chat template around one user message (char tokenizer: ~10)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs of a causal LM's config.json (Qwen3 names)."""
+
+    params: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> ModelShape:
+        hidden, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        inter, vocab = int(cfg["intermediate_size"]), int(cfg["vocab_size"])
+        per_layer = (hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+                     + 3 * hidden * inter + 2 * hidden + 2 * head_dim)
+        embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", True) else 2)
+        return cls(params=layers * per_layer + embed + hidden, hidden=hidden, layers=layers,
+                   heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=inter,
+                   vocab=vocab)
+
+    def lora_params(self, rank: int) -> int:
+        """LoRA's trainable parameters on every linear layer (peft's "all-linear")."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        in_out = (self.hidden + q) + 2 * (self.hidden + kv) + (q + self.hidden) \
+            + 2 * (self.hidden + self.intermediate) + (self.intermediate + self.hidden)
+        return rank * in_out * self.layers
+
+
+def model_shape(name: str) -> ModelShape | None:
+    """The registry model's shape from its config.json, or None where it is not here."""
+    try:
+        from nestor.models.registry import resolve_model_dir
+
+        path = resolve_model_dir(name) / "config.json"
+        return ModelShape.from_config(json.loads(path.read_text(encoding="utf-8")))
+    except Exception:  # no weights here: the check says it skipped
+        return None
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    parts: dict[str, int]  # bytes per term; peak = resident + max(sampling, update)
+
+    @property
+    def peak(self) -> int:
+        p = self.parts
+        tensors = p["weights"] + p["optimizer"] + max(p["sampling"], p["update"])
+        return p["runtime"] + int(SLACK * tensors)
+
+    def biggest(self) -> tuple[str, int]:
+        name = max(("sampling", "update", "weights", "optimizer"), key=self.parts.__getitem__)
+        return name, self.parts[name]
+
+
+def estimate(config: JobConfig, shape: ModelShape, prompt_tokens: int,
+             dtype_bytes: int = 4) -> MemoryEstimate:
+    """Peak bytes of one GRPO step of `config` on a model of `shape`, prompts of at most
+    `prompt_tokens` tokens (chat template included: the sampler pads every row to the longest)."""
+    f = dtype_bytes
+    P, G, T = config.prompts_per_step, config.group_size, config.max_new_tokens
+    B, Lp = P * G, prompt_tokens
+    s = shape
+    kv_per_token = s.layers * 2 * s.kv_heads * s.head_dim * f  # K and V, every layer
+    act_per_token = s.layers * (ACT_PER_HIDDEN * s.hidden + ACT_PER_FFN * s.intermediate) * f
+    trainable = s.lora_params(config.lora_rank) if config.lora_rank else s.params
+
+    # Sampling (no grad): prefill P prompts (one layer's activations and scores live at a
+    # time), then every row's cache; the last cache growth copies one layer.
+    prefill = P * Lp * (4 * s.hidden + 2 * s.intermediate) * f + P * s.heads * Lp * Lp * f
+    cache = B * (Lp + T) * kv_per_token
+    sampling = cache + cache // s.layers + max(prefill, B * s.vocab * 3 * f)
+
+    # The update (grad): everything the backward needs stays until it runs.
+    prompt_fwd = P * Lp * act_per_token + P * s.heads * Lp * Lp * s.layers * f
+    # With max_new_tokens = 1 the prompt's last logits are all there is; otherwise the prompt
+    # cache is gathered to the B rows and the other T-1 completion positions run on top.
+    gathered = B * Lp * kv_per_token * 2 if T > 1 else 0  # gather + cat onto it, every layer
+    completion = B * (T - 1) * act_per_token + B * s.heads * (T - 1) * (Lp + T) * s.layers * f
+    logits = B * T * s.vocab * f * 4  # logits, /temperature, log_softmax, its grad
+    update = prompt_fwd + gathered + completion + logits
+    if config.kl_coef > 0:  # the reference forward (no grad) runs before, its output is small
+        update += B * T * s.vocab * f * 2
+    return MemoryEstimate({
+        "runtime": RUNTIME_BYTES,
+        "weights": 2 * s.params * f + (trainable * f if config.lora_rank else 0),
+        "optimizer": 3 * trainable * f,
+        "sampling": sampling,
+        "update": update,
+    })
+
+
+def longest_prompt(prompts: list[str], tokenizer) -> tuple[int, int]:
+    """(tokens, index) of the longest prompt as the model sees it (chat template included).
+    Token counts grow with characters, so the 16 longest by characters are measured exactly;
+    without a tokenizer, characters plus the template bound a char-level model's count."""
+    from nestor.job.dryrun import render_prompt
+
+    longest = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))[:16]
+    if tokenizer is None:
+        return len(prompts[longest[0]]) + TEMPLATE_TOKENS, longest[0]
+    worst, worst_i = 0, 0
+    for i in longest:
+        n = len(render_prompt(tokenizer, prompts[i]))
+        if n > worst:
+            worst, worst_i = n, i
+    return worst, worst_i
+
+
+def check(config: JobConfig, prompts: list[str], tokenizer,
+          cap_mb: int = DEFAULT_MEMORY_CAP_MB) -> str | None:
+    """memory_error for a job's prompts, or None (also when the model's shape is unknown)."""
+    shape = model_shape(config.base_model)
+    if shape is None or not prompts:
+        return None
+    return memory_error(config, shape, longest_prompt(prompts, tokenizer)[0], cap_mb)[1]
+
+
+def _fits(config: JobConfig, shape: ModelShape, prompt_tokens: int, cap: int, **change) -> bool:
+    return estimate(config.model_copy(update=change), shape, prompt_tokens).peak <= cap
+
+
+def _largest(config: JobConfig, shape: ModelShape, prompt_tokens: int, cap: int, knob: str,
+             lo: int) -> int | None:
+    """The largest value of `knob` (≤ its current one) that fits, or None if even `lo` does not."""
+    hi = getattr(config, knob)
+    if not _fits(config, shape, prompt_tokens, cap, **{knob: lo}):
+        return None
+    while lo < hi:  # the estimate grows with each knob
+        mid = (lo + hi + 1) // 2
+        if _fits(config, shape, prompt_tokens, cap, **{knob: mid}):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _longest_prompt(config: JobConfig, shape: ModelShape, prompt_tokens: int,
+                    cap: int) -> int | None:
+    lo, hi = 1, prompt_tokens
+    if estimate(config, shape, lo).peak > cap:
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate(config, shape, mid).peak <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def memory_error(config: JobConfig, shape: ModelShape, prompt_tokens: int,
+                 cap_mb: int = DEFAULT_MEMORY_CAP_MB) -> tuple[MemoryEstimate, str | None]:
+    """The estimate, and None if it fits under `cap_mb`, else one line naming the knobs to
+    lower and to what."""
+    est = estimate(config, shape, prompt_tokens)
+    cap = cap_mb * MIB
+    if est.peak <= cap:
+        return est, None
+    what, size = est.biggest()
+    P, G, T = config.prompts_per_step, config.group_size, config.max_new_tokens
+    why = {"sampling": f"the KV cache of {P}×{G} rollouts × {prompt_tokens + T:,} tokens",
+           "update": f"the backward pass over {P}×{G} rollouts × {prompt_tokens + T:,} tokens",
+           "weights": f"the weights of {config.base_model}",
+           "optimizer": "the gradients and AdamW state of a full fine-tune"}[what]
+    fixes = []
+    for knob, lo in (("prompts_per_step", 1), ("group_size", 2), ("max_new_tokens", 1)):
+        best = _largest(config, shape, prompt_tokens, cap, knob, lo)
+        if best is not None and best < getattr(config, knob):
+            fixes.append(f"{knob} to {best}")
+    longest = _longest_prompt(config, shape, prompt_tokens, cap)
+    if longest is not None and longest < prompt_tokens:
+        fixes.append(f"the longest prompt to {longest:,} tokens")
+    if config.lora_rank == 0 and _fits(config, shape, prompt_tokens, cap, lora_rank=8):
+        fixes.append("lora_rank to 8 (LoRA instead of a full fine-tune)")
+    advice = ("lower " + " or ".join(fixes)) if fixes else \
+        f"this model does not fit under {cap_mb:,} MiB at any batch; use a smaller base_model"
+    return est, (f"the trainer would need about {_gib(est.peak)} at its peak ({why}: "
+                 f"{_gib(size)}), over the cap of {_gib(cap)}; {advice}")
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{math.ceil(n / MIB)} MiB"
