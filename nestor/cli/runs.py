@@ -38,10 +38,11 @@ def list_(
         return
     table = Table("run", "policy", "status", "steps", "episodes", "reward first→last", "cost $")
     for r in rows:
+        # no outer steps (an `episode run` dir): the mean reward of its episodes instead
+        reward = (f"{_fmt(r['reward_first_2_steps'])} → {_fmt(r['reward_last_2_steps'])}"
+                  if r["steps"] else f"{_fmt(r['reward_mean'])} (episodes)")
         table.add_row(r["name"], _fmt(r["policy"]), r["status"], str(r["steps"]),
-                      str(r["episodes"]),
-                      f"{_fmt(r['reward_first_2_steps'])} → {_fmt(r['reward_last_2_steps'])}",
-                      _fmt(r["cost_usd"]))
+                      str(r["episodes"]), reward, _fmt(r["cost_usd"]))
     Console().print(table)
 
 

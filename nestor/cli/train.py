@@ -15,6 +15,26 @@ from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
 
 
+StepsOpt = typer.Option(None, "--steps", min=1, max=100000, help="Override the config's outer "
+                        "steps (e.g. --steps 2 for a smoke run).")
+
+
+def _override(cfg, *, seed: int | None, steps: int | None):
+    """The config with command-line overrides, re-validated like the TOML it came from."""
+    from pydantic import ValidationError
+
+    from nestor.config import validation_problems
+
+    update = {k: v for k, v in (("seed", seed), ("steps", steps)) if v is not None}
+    if not update:
+        return cfg
+    try:
+        return type(cfg).model_validate({**cfg.model_dump(), **update})
+    except ValidationError as exc:
+        fail(f"with {', '.join(f'--{k} {v}' for k, v in update.items())}: "
+             f"{validation_problems(exc)}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("quickstart")(quickstart)
@@ -90,6 +110,7 @@ def train(
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its latest checkpoint."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Override the config's seed."),
+    steps: int | None = StepsOpt,
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
@@ -113,14 +134,14 @@ def train(
         cfg = load_run_config(config)
     except RunConfigError as exc:
         fail(str(exc))
-    if seed is not None:
-        cfg = cfg.model_copy(update={"seed": seed})
+    cfg = _override(cfg, seed=seed, steps=steps)
     _run(cfg, run_dir or new_run_dir(cfg.name), False, tasks_module, json_)
 
 
 def quickstart(
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Default runs/quickstart-<ts>."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Override the config's seed."),
+    steps: int | None = StepsOpt,
     json_: bool = JsonOpt,
 ) -> None:
     """Train the composer on tiny models with a local pool (configs/quickstart.toml)."""
@@ -132,8 +153,7 @@ def quickstart(
         cfg = load_run_config(QUICKSTART)
     except RunConfigError as exc:
         fail(str(exc))
-    if seed is not None:
-        cfg = cfg.model_copy(update={"seed": seed})
+    cfg = _override(cfg, seed=seed, steps=steps)
     from nestor.report.html import write_report
 
     run_dir = run_dir or Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"

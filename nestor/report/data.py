@@ -69,7 +69,9 @@ class RunData:
         return {
             "run_dir": str(self.run_dir),
             "name": self.config.get("name", self.run_dir.name),
-            "policy": (self.config.get("policy") or {}).get("kind"),
+            # a run's config names its policy; a run dir of `nestor episode run` has only the ledger
+            "policy": (self.config.get("policy") or {}).get("kind")
+            or ", ".join(sorted({e["policy"] for e in self.episodes})) or None,
             "status": self.status(),
             "steps": len(self.steps),
             "episodes": len(self.episodes),
