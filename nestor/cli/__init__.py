@@ -42,6 +42,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print nestor's version and exit.")) -> None:
     """nestor: an agent that writes RL training jobs, trained by their results."""
+    from nestor.cli.quiet import quiet_console
+
+    quiet_console()
 
 
 app.add_typer(tasks.app, name="tasks")

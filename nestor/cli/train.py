@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
@@ -45,20 +46,43 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 class LiveView:
-    """The live panel: step, reward, validation pass rate, episodes/jobs in flight, pool, cost."""
+    """The live panel: step, reward, validation pass rate, episodes/jobs in flight, pool, cost,
+    and what the run is doing when it is not stepping (pre-scores, the held-out eval).
 
-    def __init__(self, run_dir: Path):
+    On a terminal it redraws in place; elsewhere (CI logs, `| tee`) it prints one line per
+    step or phase change, and a heartbeat line every `every_s` seconds of quiet."""
+
+    def __init__(self, run_dir: Path, *, terminal: bool | None = None, every_s: float = 30.0,
+                 clock=time.monotonic):
         self.run_dir = run_dir
         self.history: list[float] = []
-        self.live = Live(self._render({}), console=console, refresh_per_second=2, transient=False)
+        self.state: dict[str, Any] = {}
+        self.terminal = console.is_terminal if terminal is None else terminal
+        self.every_s, self.clock = every_s, clock
+        self._last_key: tuple | None = None
+        self._last_t = 0.0
+        self.live = (Live(self._render(), console=console, refresh_per_second=2, transient=False)
+                     if self.terminal else None)
 
-    def _render(self, s: dict[str, Any]) -> Table:
+    def __enter__(self) -> LiveView:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def _render(self) -> Table:
+        s = self.state
         table = Table(title=f"nestor train · {self.run_dir}", show_header=False, expand=False)
         table.add_column(style="bold")
         table.add_column()
         elapsed = s.get("elapsed_s") or 0.0
         table.add_row("step", f"{s.get('step', 0)}/{s.get('steps', '?')}  "
                               f"(policy v{s.get('version', 0)}, {elapsed:.0f}s)")
+        if s.get("phase"):
+            table.add_row("now", f"[yellow]{escape(s['phase'])}[/yellow]")
         trend = " ".join(f"{r:.2f}" for r in self.history[-8:])
         table.add_row("reward (last step)", f"{_fmt(s.get('reward'))}   [dim]{trend}[/dim]")
         table.add_row("validation pass rate", _fmt(s.get("validation_pass_rate"), ".0%"))
@@ -69,10 +93,58 @@ class LiveView:
         table.add_row("cost", f"${s.get('cost_usd', 0.0):.4f}")
         return table
 
+    def line(self) -> str:
+        s = self.state
+        parts = [f"step {s.get('step', 0)}/{s.get('steps', '?')}",
+                 f"reward {_fmt(s.get('reward'))}",
+                 f"valid {_fmt(s.get('validation_pass_rate'), '.0%')}",
+                 f"episodes {s.get('episodes', 0)} ({s.get('episodes_in_flight', 0)} running)",
+                 f"jobs running {s.get('jobs_in_flight', '–')}",
+                 f"pool {_fmt(s.get('pool_utilisation'), '.0%')}",
+                 f"${s.get('cost_usd', 0.0):.4f}", f"{s.get('elapsed_s') or 0.0:.0f}s"]
+        if s.get("phase"):
+            parts.insert(1, s["phase"])
+        return " · ".join(parts)
+
     def __call__(self, snapshot: dict[str, Any]) -> None:
-        if snapshot.get("reward") is not None and snapshot["step"] > len(self.history):
-            self.history.append(snapshot["reward"])
-        self.live.update(self._render(snapshot))
+        self.state.update(snapshot)
+        if self.state.get("reward") is not None and self.state.get("step", 0) > len(self.history):
+            self.history.append(self.state["reward"])
+        if self.live is not None:
+            self.live.update(self._render())
+            return
+        key = (self.state.get("step"), self.state.get("phase"))
+        now = self.clock()
+        if key != self._last_key or now - self._last_t >= self.every_s:
+            console.print(self.line(), highlight=False, markup=False, soft_wrap=True)
+            self._last_key, self._last_t = key, now
+
+
+def _prescore(config, registry, view: LiveView) -> None:
+    """Score each base model on each task's hidden eval before the run, with progress; the
+    workers then read these from the shared cache instead of each computing them in silence.
+    Only for a local pool (remote workers have their own cache) and models present here."""
+    from nestor.inner.evaluate import pre_score
+    from nestor.models.registry import ModelNotFoundError, resolve_model_dir
+
+    if config.pool_config().backend != "local":
+        return
+    models = []
+    for name in config.episode_config().models:
+        try:
+            resolve_model_dir(name)
+            models.append(name)
+        except ModelNotFoundError:
+            continue  # the job that picks it reports the missing weights
+    tasks = list(config.tasks) or [r.id for r in registry.tasks()]
+    if config.heldout_episodes > 0:
+        tasks += [r.id for r in registry.heldout_tasks()]
+    pairs = [(m, t) for m in models for t in tasks]
+    for k, (model, task) in enumerate(pairs):
+        view({"phase": f"pre-scores {k + 1}/{len(pairs)}: {model} on {task} (cached after "
+                       f"the first run)"})
+        pre_score(model, task, config.difficulty, registry=registry)
+    view({"phase": None})
 
 
 def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None:
@@ -83,10 +155,11 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
     from nestor.pool.base import PoolError
 
     view = LiveView(run_dir)
+    reg = registry(tasks_module)
     try:
-        with view.live:
-            summary = train_run(config, run_dir, resume=resume, registry=registry(tasks_module),
-                                progress=view)
+        with view:
+            _prescore(config, reg, view)
+            summary = train_run(config, run_dir, resume=resume, registry=reg, progress=view)
     except (RunConfigError, CheckpointError, OuterLoopError, PoolError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -71,7 +71,9 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
                               episode_config=config.episode_config(),
                               difficulty=config.difficulty, every=config.heldout_every,
                               episodes=config.heldout_episodes,
-                              make_untrained_policy=lambda: make_policy(config))
+                              make_untrained_policy=lambda: make_policy(config),
+                              progress=(lambda phase: progress({"phase": phase}))
+                              if progress is not None else None)
 
     def on_step(row: dict[str, Any], ckpt: Path) -> None:
         ledger.add_policy_version(policy.name, row["policy_version"], path=str(ckpt),
