@@ -52,15 +52,17 @@ def show(run_dir: Path = typer.Argument(...), json_: bool = JsonOpt) -> None:
     from nestor.report.data import RunData, RunDirError
 
     try:
-        summary = RunData.load(run_dir).summary()
+        data = RunData.load(run_dir)
     except RunDirError as exc:
         fail(str(exc))
     if json_:
-        print_json(summary)
+        print_json(data.summary())
         return
-    table = Table("field", "value", show_header=False)
-    for key, value in summary.items():
-        table.add_row(key, _fmt(value))
+    table = Table(title=f"{data.summary()['name']} · {run_dir}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for label, value in data.summary_rows():
+        table.add_row(label, value)
     Console().print(table)
 
 

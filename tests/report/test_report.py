@@ -1,4 +1,5 @@
 import json
+import re
 import time
 
 from typer.testing import CliRunner
@@ -23,6 +24,55 @@ def test_report_writes_every_figure(tmp_path):
         assert png.stat().st_size > 5_000, key
         assert f'src="{key}.png"' in html
     assert "No data yet" not in html
+    # numbers for people: no JSON, no long floats, no quoted paths
+    assert "{" not in html.split("<body>")[1] and '"runs/' not in html
+    assert not re.search(r"\d\.\d{5,}", html)
+    assert "Content-Security-Policy" in html
+
+
+def test_figures_share_the_step_axis_and_smooth_noisy_series(tmp_path):
+    from nestor.report.figures import rolling, window_for
+
+    data = RunData.load(make_run(tmp_path / "run", steps=12))
+    spans = set()
+    for key, (_, make) in FIGURES.items():
+        fig = make(data)
+        ax = fig.axes[0]
+        if key not in ("pre_post",) and ax.get_xlabel() == "outer step":
+            spans.add(tuple(round(x, 2) for x in ax.get_xlim()))
+    assert spans == {(-0.5, 11.5)}, spans  # every per-step figure: the same span
+    assert window_for(5) == 1 and window_for(12) == 3 and window_for(100) == 10
+    assert rolling([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    labels = [t.get_text() for t in FIGURES["reward"][1](data).axes[0].get_legend().get_texts()]
+    assert "reward (mean), 3-step rolling mean" in labels
+
+
+def test_heldout_is_two_bars_for_one_evaluation_and_lines_for_many(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from nestor.report.figures import heldout
+
+    data = RunData.load(make_run(tmp_path / "run", steps=4))
+    many = heldout(data)
+    assert many.axes[0].get_xlabel() == "outer step" and len(many.axes[0].lines) == 2
+    one = RunData.load(make_run(tmp_path / "one", steps=4))
+    one.heldout = [r for r in one.heldout if r["step"] == 3]
+    fig = heldout(one)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["untrained policy", "trained policy"]
+    assert len(ax.patches) == 2 and "after step 3" in fig._suptitle.get_text()
+    points = one.heldout_by_step()["trained"][0]
+    assert points["n"] == 4 and points["ci95"][0] < points["mean"] < points["ci95"][1]
+    plt.close("all")
+
+
+def test_pre_post_by_base_model(tmp_path):
+    data = RunData.load(make_run(tmp_path / "run", steps=3))
+    by = data.pre_post_by_model()
+    assert set(by) == {"reverse", "add", "length"}
+    assert {m for t in by.values() for m in t} == {"tiny-m", "tiny-s"}
+    legend = [t.get_text() for t in FIGURES["pre_post"][1](data).axes[0].get_legend().get_texts()]
+    assert legend == ["tiny-m before", "tiny-m after", "tiny-s before", "tiny-s after"]
 
 
 def test_report_of_crashed_run(tmp_path):
@@ -61,3 +111,7 @@ def test_runs_list_and_show(tmp_path):
                                            "--json"]).stdout)
     assert shown["jobs"] == 16 and shown["jobs_ok"] == 12
     assert shown["heldout"]["trained"]["step"] == 3
+    text = runner.invoke(app, ["runs", "show", str(tmp_path / "runs" / "a")],
+                         env={"COLUMNS": "160"}).stdout
+    assert "12 ok of 16" in text and "0.260 (n = 4)" in text  # held-out trained at step 3
+    assert not re.search(r"\d\.\d{5,}", text) and "{" not in text
