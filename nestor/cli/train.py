@@ -158,6 +158,7 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
     reg = registry(tasks_module)
     try:
         with view:
+            view({"steps": config.steps})
             _prescore(config, reg, view)
             summary = train_run(config, run_dir, resume=resume, registry=reg, progress=view)
     except (RunConfigError, CheckpointError, OuterLoopError, PoolError) as exc:
