@@ -48,6 +48,9 @@ def write_report(run_dir: Path) -> Path:
         plt.close(fig)
         figures.append({"key": key, "title": title, "caption": CAPTIONS.get(key, "")})
     summary = data.summary()
+    from nestor.report.browser import write_browser
+
+    write_browser(data, out)
     page = render("report.html.jinja", csp=CSP, name=summary["name"], run_dir=str(run_dir),
                   status=summary["status"], written=time.strftime("%Y-%m-%d %H:%M:%S"),
                   episodes_count=summary["episodes"], headline=headline_rows(data),
