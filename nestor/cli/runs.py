@@ -66,5 +66,65 @@ def show(run_dir: Path = typer.Argument(...), json_: bool = JsonOpt) -> None:
     Console().print(table)
 
 
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def spark(values: list[float]) -> str:
+    """A reward curve in one line of text."""
+    if not values:
+        return "–"
+    lo, hi = min(values), max(values)
+    return "".join(SPARK[int((v - lo) / ((hi - lo) or 1.0) * (len(SPARK) - 1))] for v in values)
+
+
+@app.command("compare")
+def compare(
+    run_a: Path = typer.Argument(..., help="A run directory."),
+    run_b: Path = typer.Argument(..., help="Another run directory."),
+    plot: Path | None = typer.Option(None, "--plot", help="Where the overlaid reward curves go "
+                                     "(default RUN_A/report/compare-with-<RUN_B name>.png)."),
+    json_: bool = JsonOpt,
+) -> None:
+    """Two runs side by side: the summary of each, and their reward curves overlaid."""
+    import matplotlib.pyplot as plt
+
+    from nestor.report.data import RunData, RunDirError
+    from nestor.report.figures import compare_rewards
+
+    try:
+        runs = [RunData.load(run_a), RunData.load(run_b)]
+    except RunDirError as exc:
+        fail(str(exc))
+    names = [str(d.summary()["name"]) for d in runs]
+    if names[0] == names[1]:
+        names = [str(run_a), str(run_b)]
+    plot = plot or run_a / "report" / f"compare-with-{run_b.resolve().name}.png"
+    fig = compare_rewards(list(zip(names, runs, strict=True)))
+    if fig is not None:
+        try:
+            plot.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(plot)
+        except OSError as exc:
+            fail(f"cannot write {plot}: {exc.strerror or exc}")
+        plt.close(fig)
+    curves = [[(r["step"], r["reward_mean"]) for r in d.steps if r.get("reward_mean") is not None]
+              for d in runs]
+    if json_:
+        print_json({"runs": [d.summary() for d in runs],
+                    "reward_curves": {n: c for n, c in zip(names, curves, strict=True)},
+                    "plot": str(plot) if fig is not None else None})
+        return
+    table = Table("", *names, title="nestor runs compare")
+    table.columns[0].style = "bold"
+    rows = [dict(d.summary_rows()) for d in runs]
+    labels = list(dict.fromkeys([k for r in rows for k in r]))
+    for label in labels:
+        table.add_row(label, *(r.get(label, "–") for r in rows))
+    table.add_row("reward curve", *(spark([v for _, v in c]) for c in curves))
+    Console().print(table)
+    if fig is not None:
+        Console(stderr=True).print(f"reward curves: {plot}", highlight=False, soft_wrap=True)
+
+
 def register(main: typer.Typer) -> None:
     main.add_typer(app, name="runs")

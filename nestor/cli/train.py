@@ -152,6 +152,7 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
     from nestor.outer.config import RunConfigError
     from nestor.outer.loop import OuterLoopError
     from nestor.outer.run import train as train_run
+    from nestor.outer.tracking import TrackingError
     from nestor.pool.base import PoolError
 
     view = LiveView(run_dir)
@@ -161,7 +162,7 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
             view({"steps": config.steps})
             _prescore(config, reg, view)
             summary = train_run(config, run_dir, resume=resume, registry=reg, progress=view)
-    except (RunConfigError, CheckpointError, OuterLoopError, PoolError) as exc:
+    except (RunConfigError, CheckpointError, OuterLoopError, PoolError, TrackingError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         fail(f"interrupted; continue with `nestor train --resume {run_dir}`", code=130)

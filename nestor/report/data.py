@@ -106,8 +106,8 @@ class RunData:
         if self.steps and self.steps[-1].get("elapsed_s") is not None:
             rows.insert(3, ("wall time", fmt.duration(self.steps[-1]["elapsed_s"])))
         for arm, h in sorted(s["heldout"].items()):
-            rows.append((f"held-out, {arm} policy (step {h['step']})",
-                         f"{fmt.num(h['mean'])} (n = {h['n']})"))
+            rows.append((f"held-out, {arm} policy",
+                         f"{fmt.num(h['mean'])} (n = {h['n']}, step {h['step']})"))
         return rows
 
     def heldout_latest(self) -> dict[str, Any]:

@@ -262,6 +262,24 @@ def staleness(data: RunData) -> Figure | None:
     return fig
 
 
+def compare_rewards(runs: list[tuple[str, RunData]]) -> Figure | None:
+    """`nestor runs compare`: the runs' reward curves overlaid on one step axis."""
+    runs = [(name, d) for name, d in runs if any(r.get("reward_mean") is not None
+                                                 for r in d.steps)]
+    if not runs:
+        return None
+    fig, ax = _fig("Reward per outer step", " vs ".join(name for name, _ in runs))
+    colours = itertools.cycle(plt.get_cmap("tab10").colors)
+    for (name, d), colour in zip(runs, colours, strict=False):
+        steps, values = _series(d, "reward_mean")
+        _smoothed(ax, steps, values, name, colour)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("outer step")
+    ax.set_ylabel("reward")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    return fig
+
+
 CAPTIONS = {
     "reward": "Did the agent's reward rise? Mean episode reward of the groups each policy update "
               "used; the bars split it into its weighted terms.",

@@ -113,5 +113,22 @@ def test_runs_list_and_show(tmp_path):
     assert shown["heldout"]["trained"]["step"] == 3
     text = runner.invoke(app, ["runs", "show", str(tmp_path / "runs" / "a")],
                          env={"COLUMNS": "160"}).stdout
-    assert "12 ok of 16" in text and "0.260 (n = 4)" in text  # held-out trained at step 3
+    assert "12 ok of 16" in text and "0.260 (n = 4, step 3)" in text  # held-out trained at step 3
     assert not re.search(r"\d\.\d{5,}", text) and "{" not in text
+
+
+def test_runs_compare_table_plot_and_json(tmp_path):
+    a = make_run(tmp_path / "a", steps=4)
+    b = make_run(tmp_path / "b", steps=2)
+    out = runner.invoke(app, ["runs", "compare", str(a), str(b)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "reward curve" in out.stdout and "▁▃▅█" in out.stdout  # a's rising curve
+    assert "12 ok of 16" in out.stdout and "6 ok of 8" in out.stdout
+    plot = a / "report" / "compare-with-b.png"
+    assert plot.stat().st_size > 5_000
+    shown = json.loads(runner.invoke(app, ["runs", "compare", str(a), str(b), "--json",
+                                           "--plot", str(tmp_path / "c.png")]).stdout)
+    assert [len(c) for c in shown["reward_curves"].values()] == [4, 2]
+    assert shown["plot"] == str(tmp_path / "c.png") and (tmp_path / "c.png").is_file()
+    bad = runner.invoke(app, ["runs", "compare", str(a), str(tmp_path / "nope")])
+    assert bad.exit_code == 2 and "not a run directory" in bad.output
