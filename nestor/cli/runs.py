@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import JsonOpt, fail, print_json
@@ -58,12 +59,23 @@ def show(run_dir: Path = typer.Argument(...), json_: bool = JsonOpt) -> None:
     if json_:
         print_json(data.summary())
         return
+    from nestor.report.headline import headline
+
+    con = Console()
+    top = Table("question", "numbers", "verdict", title="The five questions", show_lines=True)
+    colours = {True: "green", False: "red", None: "dim"}
+    for row in headline(data):
+        colour = colours[row["met"]]
+        top.add_row(escape(row["question"]), escape(row["numbers"]),
+                    f"[{colour}]{escape(row['mark'])}[/{colour}]"
+                    + (f": {escape(row['verdict'])}" if row["verdict"] else ""))
+    con.print(top)
     table = Table(title=f"{data.summary()['name']} · {run_dir}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     for label, value in data.summary_rows():
         table.add_row(label, value)
-    Console().print(table)
+    con.print(table)
 
 
 SPARK = "▁▂▃▄▅▆▇█"

@@ -87,7 +87,14 @@ class RunData:
             "jobs_ok": sum(j["status"] == "ok" for j in self.jobs),
             "cost_usd": round(sum(j.get("cost_usd") or 0.0 for j in self.jobs), 4),
             "heldout": self.heldout_latest(),
+            "findings": self.findings().to_json(),
         }
+
+    def findings(self):
+        """The write-up's five findings (nestor.report.findings, their one definition)."""
+        from nestor.report.findings import compute_findings
+
+        return compute_findings(self.steps, self.heldout)
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """The summary as (label, value) pairs formatted for people: the report's table and
@@ -124,8 +131,11 @@ class RunData:
         return out
 
     def heldout_by_step(self) -> dict[str, list[dict[str, Any]]]:
-        """Per arm, one point per step: the mean over held-out tasks, its 95% interval (the
-        tasks' half-widths combined as independent: sqrt(sum h²) / k) and n episodes."""
+        """Per arm, one point per step: every episode's reward pooled over the held-out tasks,
+        its mean and 95% interval as nestor.report.findings defines them (no interval for rows
+        written before held-out rows kept per-episode values)."""
+        from nestor.report.findings import _arm_values, mean_ci95
+
         by: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
         for row in self.heldout:
             by[row["arm"]][row["step"]].append(row)
@@ -133,12 +143,14 @@ class RunData:
         for arm, steps in sorted(by.items()):
             points = []
             for step, rows in sorted(steps.items()):
-                mean = statistics.fmean(r["mean"] for r in rows)
-                halves = [max(r["ci95"][1] - r["mean"], r["mean"] - r["ci95"][0], 0.0)
-                          for r in rows if r.get("ci95")]
-                half = (sum(h * h for h in halves) ** 0.5) / len(rows) if halves else 0.0
-                points.append({"step": step, "mean": mean, "ci95": [mean - half, mean + half],
-                               "n": sum(r["n"] for r in rows), "tasks": len(rows)})
+                values = _arm_values(rows)
+                if values:
+                    mean, ci = mean_ci95(values)
+                else:
+                    mean = statistics.fmean(r["mean"] for r in rows)
+                    ci = [mean, mean]
+                points.append({"step": step, "mean": mean, "ci95": ci, "n": len(values) or
+                               sum(r["n"] for r in rows), "tasks": len(rows)})
             out[arm] = points
         return out
 

@@ -168,14 +168,14 @@ def heldout(data: RunData) -> Figure | None:
     steps = sorted({p["step"] for points in arms.values() for p in points})
     if len(steps) == 1:
         fig, ax = _fig(f"Held-out family after step {steps[0]}: mean episode reward",
-                       "bars: 95% interval over the held-out tasks")
+                       "whiskers: Student-t 95% interval of the mean, episodes pooled over the held-out tasks")
         names = sorted(arms, key=lambda a: a != "untrained")
         for x, arm in enumerate(names):
             (p,) = arms[arm]
             ax.bar(x, p["mean"], 0.55, color=ARM_COLOURS.get(arm, "#ff7f0e"), alpha=0.85)
             ax.errorbar(x, p["mean"], yerr=[[p["mean"] - p["ci95"][0]], [p["ci95"][1] - p["mean"]]],
                         color="black", capsize=8, lw=1.5)
-            note = "" if p["ci95"][1] > p["ci95"][0] else " (no interval: 1 episode per task)"
+            note = "" if p["ci95"][1] > p["ci95"][0] else "\n(no interval)"
             ax.annotate(f"{p['mean']:.3f}\nn = {p['n']} episodes{note}", (x, p["ci95"][1]),
                         textcoords="offset points", xytext=(0, 4), ha="center", fontsize=10)
         ax.set_xticks(range(len(names)), [f"{a} policy" for a in names])
@@ -186,7 +186,7 @@ def heldout(data: RunData) -> Figure | None:
         ax.set_ylabel("reward")
         return fig
     fig, ax = _fig("Held-out family: mean episode reward, trained vs untrained policy",
-                   "bands: 95% interval over the held-out tasks")
+                   "bands: Student-t 95% interval of the mean, episodes pooled over the held-out tasks")
     for arm, points in sorted(arms.items()):
         xs = [p["step"] for p in points]
         colour = ARM_COLOURS.get(arm, "#ff7f0e")

@@ -24,12 +24,10 @@ def render(template: str, **context) -> str:
     return _ENV.get_template(template).render(**context)
 
 
-def headline_rows(data: RunData) -> list[dict[str, str]] | None:
-    """The five questions, once their definitions are available (nestor/report/headline.py)."""
-    try:
-        from nestor.report.headline import headline
-    except ImportError:
-        return None
+def headline_rows(data: RunData) -> list[dict]:
+    """The five questions (nestor/report/headline.py, from nestor/report/findings.py)."""
+    from nestor.report.headline import headline
+
     return headline(data)
 
 

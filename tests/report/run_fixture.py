@@ -78,16 +78,19 @@ def make_run(run_dir: Path, *, steps: int = 6, crashed: bool = False,
                                       "weighted_validation": 0.1},
                 "validation_pass_rate": min(1.0, 0.4 + 0.1 * step), "job_failure_rate": 0.25,
                 "hidden_eval_improvement": 0.02 * step, "mean_attempts": 1.5, "jobs": 4,
-                "base_model_share": {"tiny-m": 0.5 + 0.08 * step, "tiny-s": 0.5 - 0.08 * step},
-                "hyperparameter_surface_use": 0.2 + 0.1 * step, "staleness_mean": 0.5,
+                "base_model_share": {"tiny-m": min(1.0, 0.5 + 0.08 * step),
+                                     "tiny-s": max(0.0, 0.5 - 0.08 * step)},
+                "hyperparameter_surface_use": min(1.0, 0.2 + 0.1 * step), "staleness_mean": 0.5,
                 "staleness_max": 1, "stale_groups_dropped": 0, "cost_usd": 0.04,
                 "end_reasons": {"ok": 3, "job_failed": 1}, "pool_utilisation": 0.9,
                 "train": {"loss": 0.5 - 0.05 * step, "grad_norm": 1.0, "lr": 1e-4}})
             for arm in ("untrained", "trained"):
+                centre = 0.2 + (0.02 * step if arm == "trained" else 0)
+                values = [round(centre + d, 4) for d in (-0.1, -0.05, 0.05, 0.1)]
                 with (run_dir / "heldout.jsonl").open("a") as fh:
                     fh.write(json.dumps({"step": step, "arm": arm, "task": "dashes", "n": 4,
-                                         "mean": 0.2 + (0.02 * step if arm == "trained" else 0),
-                                         "ci95": [0.1, 0.4]}) + "\n")
+                                         "mean": centre, "ci95": [centre - 0.1, centre + 0.1],
+                                         "values": values}) + "\n")
         if crashed:  # an episode left running and a torn last metrics line
             ledger.start_episode("ep-crash", task_id="sort", family="x", difficulty=0,
                                  policy="composer", policy_version=steps, config={})

@@ -132,3 +132,39 @@ def test_runs_compare_table_plot_and_json(tmp_path):
     assert shown["plot"] == str(tmp_path / "c.png") and (tmp_path / "c.png").is_file()
     bad = runner.invoke(app, ["runs", "compare", str(a), str(tmp_path / "nope")])
     assert bad.exit_code == 2 and "not a run directory" in bad.output
+
+
+def test_headline_renders_the_findings(tmp_path):
+    from nestor.report.findings import compute_findings
+    from nestor.report.headline import headline
+
+    run = make_run(tmp_path / "run", steps=9)
+    data = RunData.load(run)
+    found = compute_findings(data.steps, data.heldout)
+    rows = {r["key"]: r for r in headline(data)}
+    assert list(rows) == ["reward", "rungs", "strong_model", "hp_use", "transfer"]
+    assert rows["reward"]["numbers"] == (f"{found.reward['first']:.3f} → "
+                                         f"{found.reward['peak']:.3f} (step 8) → "
+                                         f"{found.reward['last']:.3f}")
+    assert rows["reward"]["met"] is True and rows["reward"]["verdict"] == found.verdicts["reward"]
+    assert rows["strong_model"]["numbers"].startswith("tiny-m: ")
+    t = found.transfer
+    assert f"(n = {t.trained.n})" in rows["transfer"]["numbers"] and "step 8" in \
+        rows["transfer"]["numbers"]
+    html = write_report(run).read_text()
+    body = html.split('id="headline"')[1].split("</table>")[0]
+    assert body.count("<tr id=\"finding-") == 5 and "target met" in body
+    assert html.index('id="headline"') < html.index('id="summary"') < html.index('id="reward"')
+    shown = runner.invoke(app, ["runs", "show", str(run)], env={"COLUMNS": "200"}).stdout
+    assert "The five questions" in shown and "Does it transfer" in shown
+    js = json.loads(runner.invoke(app, ["runs", "show", str(run), "--json"]).stdout)
+    assert js["findings"]["verdicts"] == found.verdicts
+
+
+def test_headline_says_not_enough_data(tmp_path):
+    from nestor.report.headline import headline
+
+    run = make_run(tmp_path / "run", steps=2)
+    rows = {r["key"]: r for r in headline(RunData.load(run))}
+    assert rows["reward"]["mark"] == "not enough data" and rows["reward"]["verdict"] == ""
+    assert "not enough data" in write_report(run).read_text()
