@@ -42,6 +42,15 @@ FILTER_SCRIPT = """
   }
   selects.forEach(s => s.addEventListener('change', apply));
   apply();
+  // a link to #ep-ID (from the report, or shared) opens that episode and everything in it
+  const id = decodeURIComponent(location.hash.slice(1));
+  const target = id ? document.getElementById(id) : null;
+  if (target && target.matches('details.episode')) {
+    target.open = true;
+    target.querySelectorAll('details').forEach(d => { d.open = true; });
+    target.scrollIntoView();
+  }
+  document.body.dataset.filters = 'ready';
 })();
 """
 
