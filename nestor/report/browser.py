@@ -152,6 +152,12 @@ def _result(result: dict[str, Any] | None) -> dict[str, Any] | None:
             "log": cut(result.get("log_tail"))}
 
 
+def _scalar(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt.num(value, 4)
+    return cut(value, 200)
+
+
 def _components(components: dict[str, Any] | None) -> list[tuple[str, str]]:
     out = []
     for key, value in sorted((components or {}).items()):
@@ -159,6 +165,8 @@ def _components(components: dict[str, Any] | None) -> list[tuple[str, str]]:
             out.append((key, "yes" if value else "no"))
         elif isinstance(value, (int, float)):
             out.append((key, fmt.num(value, 4)))
+        elif isinstance(value, dict):  # e.g. the reward weights: one readable line
+            out.append((key, " · ".join(f"{k} {_scalar(v)}" for k, v in value.items())))
         else:
             out.append((key, cut(value, 2_000)))
     return out
