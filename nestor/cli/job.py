@@ -57,6 +57,8 @@ def validate(
     from rich.console import Console
 
     out = Console()
+    if out.is_terminal and console.is_terminal:
+        out = console  # one screen: the spinner's console prints the lines above itself
 
     def shown(check) -> None:  # each check as it completes: progress that also reads in CI logs
         if not json_:
