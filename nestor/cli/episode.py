@@ -136,7 +136,7 @@ def _progress(status, line: str) -> None:
 
 def _print_summary(out: dict) -> None:
     c = out["components"]
-    con = Console()
+    con = Console(soft_wrap=True)  # lines stay whole in logs and narrow terminals
     con.print(f"episode {out['episode_id']} on [bold]{out['task']}[/bold]: "
               f"end [bold]{out['end_reason']}[/bold] after {out['attempts']} attempt(s)")
     con.print(f"reward {out['reward']:.4f} = improvement {c['improvement']:+.4f} "

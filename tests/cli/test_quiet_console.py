@@ -52,3 +52,27 @@ def test_live_view_prints_lines_when_not_a_terminal(tmp_path, capsys):
     assert "episodes 3" in lines[2]
     assert lines[3].startswith("step 1/8 · reward 0.250 · valid 50%") and "$0.0100" in lines[3]
     assert view.history == [0.25]
+
+
+def test_pre_scores_before_the_run_with_progress(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import nestor.inner.evaluate as evaluate
+    from nestor.cli.train import _prescore
+    from nestor.outer.config import load_run_config
+    from nestor.tasks import TaskRegistry
+
+    calls = []
+    monkeypatch.setattr(evaluate, "pre_score", lambda m, t, d, registry=None: calls.append((m, t)))
+    cfg = load_run_config(Path("configs/quickstart.toml"))
+    phases = []
+    _prescore(cfg, TaskRegistry(), lambda s: phases.append(s["phase"]))
+    heldout = [r.id for r in TaskRegistry().heldout_tasks()]
+    tasks = list(cfg.tasks) + heldout  # quickstart runs the held-out eval too
+    assert calls == [(m, t) for m in cfg.episode_config().models for t in tasks]
+    assert phases[0].startswith(f"pre-scores 1/{len(calls)}: tiny-s on {tasks[0]}")
+    assert phases[-1] is None and len(phases) == len(calls) + 1
+    ray = cfg.model_copy(update={"pool": {"backend": "ray"}})
+    calls.clear()
+    _prescore(ray, TaskRegistry(), phases.append)
+    assert calls == []  # remote workers keep their own cache
