@@ -83,12 +83,12 @@ class EpisodeRecord:
                          policy_version=self.policy_version)
 
 
-def format_report(report: Any, attempt: int, max_attempts: int) -> str:
+def format_report(report: Any, attempt: int, max_attempts: int, trained: bool = True) -> str:
     """The submit tool's answer: a verdict line, then one `ok|FAIL name: message` line per check."""
     checks = list(report.checks)
     failed = [c for c in checks if not c.ok]
-    head = (f"validation passed (attempt {attempt} of {max_attempts}); the job was sent for "
-            "training." if report.passed else
+    then = "the job was sent for training." if trained else "the job is final (not trained here)."
+    head = (f"validation passed (attempt {attempt} of {max_attempts}); {then}" if report.passed else
             f"validation failed (attempt {attempt} of {max_attempts}): {len(failed)} of "
             f"{len(checks)} checks failed.")
     lines = [f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.message}" for c in checks]
@@ -175,7 +175,7 @@ class _Episode:
         self.ledger.add_report(self.rec.id, n, passed=report.passed,
                                checks=[c.model_dump() for c in report.checks],
                                elapsed_s=report.elapsed_s)
-        text = format_report(report, n, self.cfg.max_attempts)
+        text = format_report(report, n, self.cfg.max_attempts, trained=self.pool is not None)
         if report.passed:
             self.passed_on = n
             return text, self.train(snap)

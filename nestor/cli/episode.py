@@ -7,12 +7,16 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
 
 app = typer.Typer(no_args_is_help=True, help="Agent episodes: write, validate, train, reward.")
-RunDirOpt = typer.Option(None, "--run-dir", help="Run directory (ledger.sqlite, episodes/).")
+RunDirOpt = typer.Option(None, "--run-dir", help="Run directory (ledger.sqlite, episodes/); "
+                         "default runs/episode-<timestamp>.")
+ReadRunDirOpt = typer.Option(..., "--run-dir", help="Run directory holding ledger.sqlite "
+                             "(required).")
 
 
 def register(root: typer.Typer) -> None:
@@ -86,8 +90,8 @@ def run(
         except (PoolError, PoolConfigError) as exc:
             fail(str(exc))
     try:
-        with console.status(f"episode on {task}: writing, validating, training…"):
-            rec = run_episode(pol, spec, pool, ledger, cfg)
+        with console.status(f"episode on {task}: writing…") as status:
+            rec = run_episode(_Narrated(pol, status, max_turns), spec, pool, ledger, cfg)
     finally:
         if pool is not None:
             pool.shutdown()
@@ -99,9 +103,40 @@ def run(
     _print_summary(out)
 
 
+class _Narrated:
+    """The policy, with a progress line per turn (what it did last, what it does now): a spinner
+    on a terminal, plain lines in a CI log. Everything else is the policy's own."""
+
+    def __init__(self, policy, status, max_turns: int):
+        self._policy, self._status, self._max = policy, status, max_turns
+        self._turn = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._policy, name)
+
+    def act(self, obs):
+        last = next((m for m in reversed(obs.messages) if m.role == "tool"), None)
+        if last is not None and last.content.startswith("validation"):
+            _progress(self._status, last.content.splitlines()[0])
+        turn = self._policy.act(obs)
+        self._turn += 1
+        calls = [c.name for c in turn.message.tool_calls]
+        doing = "validating" if "submit" in calls else "working"
+        _progress(self._status, f"turn {self._turn}/{self._max}: "
+                                f"{', '.join(calls) or 'no tool call'} ({doing}…)")
+        return turn
+
+
+def _progress(status, line: str) -> None:
+    if console.is_terminal:
+        status.update(escape(line))
+    else:
+        console.print(line, highlight=False, markup=False)
+
+
 def _print_summary(out: dict) -> None:
     c = out["components"]
-    con = Console()
+    con = Console(soft_wrap=True)  # lines stay whole in logs and narrow terminals
     con.print(f"episode {out['episode_id']} on [bold]{out['task']}[/bold]: "
               f"end [bold]{out['end_reason']}[/bold] after {out['attempts']} attempt(s)")
     con.print(f"reward {out['reward']:.4f} = improvement {c['improvement']:+.4f} "
@@ -114,11 +149,9 @@ def _print_summary(out: dict) -> None:
     con.print(f"run dir: {out['run_dir']}")
 
 
-def _open(run_dir: Path | None):
+def _open(run_dir: Path):
     from nestor.ledger import Ledger, LedgerError
 
-    if run_dir is None:
-        fail("--run-dir is required")
     try:
         return Ledger(run_dir, readonly=True)
     except LedgerError as exc:
@@ -126,7 +159,7 @@ def _open(run_dir: Path | None):
 
 
 @app.command("list")
-def list_(run_dir: Path | None = RunDirOpt, json_: bool = JsonOpt) -> None:
+def list_(run_dir: Path = ReadRunDirOpt, json_: bool = JsonOpt) -> None:
     """Episodes in a run's ledger (including ones a killed run left unfinished)."""
     with _open(run_dir) as ledger:
         rows = ledger.episodes()
@@ -137,28 +170,62 @@ def list_(run_dir: Path | None = RunDirOpt, json_: bool = JsonOpt) -> None:
         print_json(rows)
         return
     table = Table(*keep)
+    table.columns[0].no_wrap = True  # the id is what `episode show` needs: never cut it
+    table.columns[0].min_width = max((len(r["id"]) for r in rows), default=2)
     for r in rows:
         table.add_row(*("" if r[k] is None else str(r[k]) for k in keep))
     Console().print(table)
 
 
 @app.command("show")
-def show(episode_id: str = typer.Argument(...), run_dir: Path | None = RunDirOpt,
-         json_: bool = JsonOpt) -> None:
-    """One episode: its transcript, validation reports and job result."""
+def show(episode_id: str = typer.Argument(..., help="An id from `nestor episode list`."),
+         run_dir: Path = ReadRunDirOpt, json_: bool = JsonOpt) -> None:
+    """One episode: its transcript, validation reports, job result and where its files are."""
     with _open(run_dir) as ledger:
         try:
             ep = ledger.episode(episode_id)
         except KeyError:
             fail(f"no episode {episode_id!r} in {run_dir}; see `nestor episode list`")
+    folder = run_dir / "episodes" / episode_id
+    ep["paths"] = {"workspace": str(folder / "workspace"),
+                   "job": str(folder / "job") if (folder / "job").is_dir() else None,
+                   "attempts": [str(p) for p in sorted(folder.glob("attempt-*"))]}
     if json_:
         print_json(ep)
         return
     con = Console()
-    con.print(f"[bold]{ep['id']}[/bold] {ep['task_id']} {ep['status']} "
-              f"{ep['end_reason'] or ''} reward={ep['reward']}")
+    reward = "–" if ep["reward"] is None else f"{ep['reward']:.4f}"
+    con.print(f"[bold]{escape(ep['id'])}[/bold] {escape(ep['task_id'])} · {ep['status']} · "
+              f"end {ep['end_reason'] or '–'} · reward {reward}", highlight=False)
     for t in ep["turns"]:
-        calls = ", ".join(c["name"] for c in t["tool_calls"])
-        text = t["content"] if t["role"] != "system" else t["content"][:80] + "…"
-        con.print(f"[cyan]{t['role']}[/cyan] {text[:400]}" + (f"  [calls: {calls}]" if calls else ""),
-                  highlight=False)
+        calls = "; ".join(f"{c['name']}({_args(c.get('arguments'))})" for c in t["tool_calls"])
+        con.print(f"[cyan]── {t['role']}[/cyan]" + (f"  [dim]calls: {escape(calls)}[/dim]"
+                                                     if calls else ""), highlight=False)
+        if t["content"]:
+            con.print(t["content"], highlight=False, markup=False, soft_wrap=True)
+    for job in ep["jobs"]:
+        r = job["result"]
+        if r:
+            con.print(f"job {job['id']}: {r['status']}, pre {_num(r.get('pre_score'))} → post "
+                      f"{_num(r.get('post_score'))} in {r.get('wall_s', 0):.1f} s",
+                      highlight=False, markup=False)
+    # soft_wrap: paths and transcript lines are copied and pasted, so rich must not break them
+    con.print(f"workspace: {ep['paths']['workspace']}", highlight=False, markup=False,
+              soft_wrap=True)
+    con.print(f"job:       {ep['paths']['job'] or '– (no job passed validation)'}",
+              highlight=False, markup=False, soft_wrap=True)
+
+
+def _num(value) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _args(arguments) -> str:
+    """A tool call's arguments in one short line (file contents are in the job files)."""
+    if not isinstance(arguments, dict):
+        return ""
+    parts = []
+    for key, value in arguments.items():
+        text = str(value)
+        parts.append(f"{key}={text if len(text) <= 40 else f'<{len(text):,} chars>'}")
+    return ", ".join(parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
 
@@ -29,8 +30,11 @@ def _spec(task_id: str, difficulty: int, tasks_module: list[str] | None):
 
 
 def _job_dir(path: Path) -> Path:
+    if path.is_file():
+        fail(f"{path} is a file; give the job directory that holds config.toml, data/ and env/"
+             f" (`nestor job init DIR --task T` makes one)")
     if not path.is_dir():
-        fail(f"{path}: no such job directory")
+        fail(f"{path}: no such job directory (`nestor job init {path} --task T` makes one)")
     return path
 
 
@@ -53,20 +57,29 @@ def validate(
 
     spec = _spec(task, difficulty, tasks_module)
     _job_dir(job_dir)
-    with console.status(f"validating {job_dir} for {task}…"):
+    from rich.console import Console
+
+    out = Console()
+    if out.is_terminal and console.is_terminal:
+        out = console  # one screen: the spinner's console prints the lines above itself
+
+    def shown(check) -> None:  # each check as it completes: progress that also reads in CI logs
+        if not json_:
+            mark = "[green]ok  [/green]" if check.ok else "[red]FAIL[/red]"
+            out.print(f"{mark} {check.name}: {escape(check.message)}", highlight=False)
+
+    if not json_:
+        out.print(f"validating {job_dir} for {task} (the first check starts the sandbox, "
+                  f"~10-20 s cold)", highlight=False)
+    with console.status("checking…"):
         report = validate_job(job_dir, spec, token_budget=token_budget or DEFAULT_TOKEN_BUDGET,
-                              memory_cap_mb=memory_cap or DEFAULT_MEMORY_CAP_MB)
+                              memory_cap_mb=memory_cap or DEFAULT_MEMORY_CAP_MB,
+                              on_check=shown)
     if json_:
         print_json(report.model_dump())
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table("check", "", "message", title=f"{job_dir} ({report.elapsed_s:.1f} s)")
-        for c in report.checks:
-            table.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]FAIL[/red]", c.message)
-        Console().print(table)
-        Console().print("[green]passed[/green]" if report.passed else "[red]failed[/red]")
+        verdict = "[green]passed[/green]" if report.passed else "[red]failed[/red]"
+        out.print(f"{verdict} in {report.elapsed_s:.1f} s", highlight=False)
     raise typer.Exit(0 if report.passed else 1)
 
 
@@ -77,11 +90,14 @@ def export(
 ) -> None:
     """Render the job as a prime-rl rl.toml (`rl @ OUT.toml`)."""
     from nestor.job.config import JobConfigError
-    from nestor.job.export import to_prime_rl_toml
+    from nestor.job.export import static_problems, to_prime_rl_toml
     from nestor.job.layout import LayoutError
 
+    problems = static_problems(_job_dir(job_dir))
+    if problems:
+        fail(f"{job_dir} is not a valid job, nothing written: {'; '.join(problems)}")
     try:
-        text = to_prime_rl_toml(_job_dir(job_dir))
+        text = to_prime_rl_toml(job_dir)
     except (LayoutError, JobConfigError) as exc:
         fail(f"{job_dir}: {exc}")
     try:
@@ -108,11 +124,13 @@ def init(
     except TaskError as exc:
         fail(str(exc))
     try:
-        written = init_job(job_dir, ref, force=force)
+        written = init_job(job_dir, ref, force=force, modules=tuple(tasks_module or ()))
     except ScaffoldError as exc:
         fail(str(exc))
     for path in written:
         console.print(f"wrote {path}", highlight=False)
+    console.print(f"next: edit it, then `nestor job validate {job_dir} --task {task}`",
+                  highlight=False)
 
 
 @app.command("train")
@@ -132,6 +150,9 @@ def train(
                                      "checkpoint's own on a GPU)."),
     memory_cap: int | None = typer.Option(None, "--memory-cap", min=64, help="Cap in MiB on the "
                                           "trainer's estimated peak memory (default 2048)."),
+    max_steps: int | None = typer.Option(None, "--max-steps", min=1, max=2000, help="Train this "
+                                         "many steps instead of config.toml's max_steps (a quick "
+                                         "smoke run; the job directory is not changed)."),
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
@@ -154,11 +175,14 @@ def train(
     from nestor.job.config import JobConfigError, load_job_config
 
     _spec(task, difficulty, tasks_module)
-    request = JobRequest(job_dir=_job_dir(job_dir).resolve(), task_id=task, difficulty=difficulty,
+    source = _job_dir(job_dir).resolve()
+    if max_steps is not None:
+        source = _with_max_steps(source, max_steps)
+    request = JobRequest(job_dir=source, task_id=task, difficulty=difficulty,
                          out_dir=out, timeout_s=timeout_s, tasks_modules=list(tasks_module or []),
                          **({"memory_cap_mb": memory_cap} if memory_cap else {}))
     try:
-        total = load_job_config(job_dir / "config.toml").max_steps
+        total = load_job_config(source / "config.toml").max_steps
     except JobConfigError:
         total = None  # run_job reports it as an invalid job
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -195,3 +219,22 @@ def train(
         if result.status != "ok" and result.log_tail:
             console.print(result.log_tail, highlight=False, markup=False)
     raise typer.Exit(0 if result.status == "ok" else 1)
+
+
+def _with_max_steps(job_dir: Path, max_steps: int) -> Path:
+    """A temporary copy of the job whose config.toml trains `max_steps` steps."""
+    import shutil
+    import tempfile
+    import tomllib
+
+    import tomli_w
+
+    copy = Path(tempfile.mkdtemp(prefix="nestor-job-")) / job_dir.name
+    shutil.copytree(job_dir, copy, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        config = tomllib.loads((copy / "config.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return copy  # run_job reports the broken config as it stands
+    (copy / "config.toml").write_text(tomli_w.dumps({**config, "max_steps": max_steps}),
+                                      encoding="utf-8")
+    return copy

@@ -8,11 +8,32 @@ from typing import Any
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
+
+
+StepsOpt = typer.Option(None, "--steps", min=1, max=100000, help="Override the config's outer "
+                        "steps (e.g. --steps 2 for a smoke run).")
+
+
+def _override(cfg, *, seed: int | None, steps: int | None):
+    """The config with command-line overrides, re-validated like the TOML it came from."""
+    from pydantic import ValidationError
+
+    from nestor.config import validation_problems
+
+    update = {k: v for k, v in (("seed", seed), ("steps", steps)) if v is not None}
+    if not update:
+        return cfg
+    try:
+        return type(cfg).model_validate({**cfg.model_dump(), **update})
+    except ValidationError as exc:
+        fail(f"with {', '.join(f'--{k} {v}' for k, v in update.items())}: "
+             f"{validation_problems(exc)}")
 
 
 def register(app: typer.Typer) -> None:
@@ -25,20 +46,43 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 class LiveView:
-    """The live panel: step, reward, validation pass rate, episodes/jobs in flight, pool, cost."""
+    """The live panel: step, reward, validation pass rate, episodes/jobs in flight, pool, cost,
+    and what the run is doing when it is not stepping (pre-scores, the held-out eval).
 
-    def __init__(self, run_dir: Path):
+    On a terminal it redraws in place; elsewhere (CI logs, `| tee`) it prints one line per
+    step or phase change, and a heartbeat line every `every_s` seconds of quiet."""
+
+    def __init__(self, run_dir: Path, *, terminal: bool | None = None, every_s: float = 30.0,
+                 clock=time.monotonic):
         self.run_dir = run_dir
         self.history: list[float] = []
-        self.live = Live(self._render({}), console=console, refresh_per_second=2, transient=False)
+        self.state: dict[str, Any] = {}
+        self.terminal = console.is_terminal if terminal is None else terminal
+        self.every_s, self.clock = every_s, clock
+        self._last_key: tuple | None = None
+        self._last_t = 0.0
+        self.live = (Live(self._render(), console=console, refresh_per_second=2, transient=False)
+                     if self.terminal else None)
 
-    def _render(self, s: dict[str, Any]) -> Table:
+    def __enter__(self) -> LiveView:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def _render(self) -> Table:
+        s = self.state
         table = Table(title=f"nestor train · {self.run_dir}", show_header=False, expand=False)
         table.add_column(style="bold")
         table.add_column()
         elapsed = s.get("elapsed_s") or 0.0
         table.add_row("step", f"{s.get('step', 0)}/{s.get('steps', '?')}  "
                               f"(policy v{s.get('version', 0)}, {elapsed:.0f}s)")
+        if s.get("phase"):
+            table.add_row("now", f"[yellow]{escape(s['phase'])}[/yellow]")
         trend = " ".join(f"{r:.2f}" for r in self.history[-8:])
         table.add_row("reward (last step)", f"{_fmt(s.get('reward'))}   [dim]{trend}[/dim]")
         table.add_row("validation pass rate", _fmt(s.get("validation_pass_rate"), ".0%"))
@@ -49,10 +93,58 @@ class LiveView:
         table.add_row("cost", f"${s.get('cost_usd', 0.0):.4f}")
         return table
 
+    def line(self) -> str:
+        s = self.state
+        parts = [f"step {s.get('step', 0)}/{s.get('steps', '?')}",
+                 f"reward {_fmt(s.get('reward'))}",
+                 f"valid {_fmt(s.get('validation_pass_rate'), '.0%')}",
+                 f"episodes {s.get('episodes', 0)} ({s.get('episodes_in_flight', 0)} running)",
+                 f"jobs running {s.get('jobs_in_flight', '–')}",
+                 f"pool {_fmt(s.get('pool_utilisation'), '.0%')}",
+                 f"${s.get('cost_usd', 0.0):.4f}", f"{s.get('elapsed_s') or 0.0:.0f}s"]
+        if s.get("phase"):
+            parts.insert(1, s["phase"])
+        return " · ".join(parts)
+
     def __call__(self, snapshot: dict[str, Any]) -> None:
-        if snapshot.get("reward") is not None and snapshot["step"] > len(self.history):
-            self.history.append(snapshot["reward"])
-        self.live.update(self._render(snapshot))
+        self.state.update(snapshot)
+        if self.state.get("reward") is not None and self.state.get("step", 0) > len(self.history):
+            self.history.append(self.state["reward"])
+        if self.live is not None:
+            self.live.update(self._render())
+            return
+        key = (self.state.get("step"), self.state.get("phase"))
+        now = self.clock()
+        if key != self._last_key or now - self._last_t >= self.every_s:
+            console.print(self.line(), highlight=False, markup=False, soft_wrap=True)
+            self._last_key, self._last_t = key, now
+
+
+def _prescore(config, registry, view: LiveView) -> None:
+    """Score each base model on each task's hidden eval before the run, with progress; the
+    workers then read these from the shared cache instead of each computing them in silence.
+    Only for a local pool (remote workers have their own cache) and models present here."""
+    from nestor.inner.evaluate import pre_score
+    from nestor.models.registry import ModelNotFoundError, resolve_model_dir
+
+    if config.pool_config().backend != "local":
+        return
+    models = []
+    for name in config.episode_config().models:
+        try:
+            resolve_model_dir(name)
+            models.append(name)
+        except ModelNotFoundError:
+            continue  # the job that picks it reports the missing weights
+    tasks = list(config.tasks) or [r.id for r in registry.tasks()]
+    if config.heldout_episodes > 0:
+        tasks += [r.id for r in registry.heldout_tasks()]
+    pairs = [(m, t) for m in models for t in tasks]
+    for k, (model, task) in enumerate(pairs):
+        view({"phase": f"pre-scores {k + 1}/{len(pairs)}: {model} on {task} (cached after "
+                       f"the first run)"})
+        pre_score(model, task, config.difficulty, registry=registry)
+    view({"phase": None})
 
 
 def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None:
@@ -60,14 +152,17 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
     from nestor.outer.config import RunConfigError
     from nestor.outer.loop import OuterLoopError
     from nestor.outer.run import train as train_run
+    from nestor.outer.tracking import TrackingError
     from nestor.pool.base import PoolError
 
     view = LiveView(run_dir)
+    reg = registry(tasks_module)
     try:
-        with view.live:
-            summary = train_run(config, run_dir, resume=resume, registry=registry(tasks_module),
-                                progress=view)
-    except (RunConfigError, CheckpointError, OuterLoopError, PoolError) as exc:
+        with view:
+            view({"steps": config.steps})
+            _prescore(config, reg, view)
+            summary = train_run(config, run_dir, resume=resume, registry=reg, progress=view)
+    except (RunConfigError, CheckpointError, OuterLoopError, PoolError, TrackingError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         fail(f"interrupted; continue with `nestor train --resume {run_dir}`", code=130)
@@ -90,6 +185,7 @@ def train(
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its latest checkpoint."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Override the config's seed."),
+    steps: int | None = StepsOpt,
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
@@ -113,14 +209,14 @@ def train(
         cfg = load_run_config(config)
     except RunConfigError as exc:
         fail(str(exc))
-    if seed is not None:
-        cfg = cfg.model_copy(update={"seed": seed})
+    cfg = _override(cfg, seed=seed, steps=steps)
     _run(cfg, run_dir or new_run_dir(cfg.name), False, tasks_module, json_)
 
 
 def quickstart(
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Default runs/quickstart-<ts>."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Override the config's seed."),
+    steps: int | None = StepsOpt,
     json_: bool = JsonOpt,
 ) -> None:
     """Train the composer on tiny models with a local pool (configs/quickstart.toml)."""
@@ -132,8 +228,7 @@ def quickstart(
         cfg = load_run_config(QUICKSTART)
     except RunConfigError as exc:
         fail(str(exc))
-    if seed is not None:
-        cfg = cfg.model_copy(update={"seed": seed})
+    cfg = _override(cfg, seed=seed, steps=steps)
     from nestor.report.html import write_report
 
     run_dir = run_dir or Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -17,19 +17,23 @@ from nestor.job.safe_read import UnsafeFileError, read_bytes
 
 HF_REPOS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "qwen3-1.7b": "Qwen/Qwen3-1.7B"}
 NOT_CARRIED = ("clip_ratio", "kl_coef", "updates_per_step", "scale_rewards",
-               "skip_zero_variance", "weight_decay", "grad_clip", "seed")
+               "skip_zero_variance", "weight_decay", "grad_clip", "seed", "loss")
 TEMPLATE_TOKENS = 32  # chat-template overhead around one user message, generously
 
 
 def _model_name(base_model: str) -> str:
-    if base_model in HF_REPOS:
-        return HF_REPOS[base_model]
-    try:
-        from nestor.models.registry import resolve_model_dir
+    """A name the pod resolves: the Hub repo of a Qwen3 model; a bundled tiny model's registry
+    name (never a path into this checkout). The prime-rl backend swaps in a local path when the
+    weights are already on the worker (nestor.inner.prime_rl.render_config)."""
+    return HF_REPOS.get(base_model, base_model)
 
-        return str(resolve_model_dir(base_model))
-    except Exception:  # not available here: name it, the cluster side resolves it
-        return base_model
+
+def static_problems(job_dir: Path | str) -> list[str]:
+    """What the probe's trusted checks (files, config, base model, budget, dataset) reject, so
+    an export never carries a job `nestor job validate` would refuse."""
+    from nestor.job.validate import static_checks
+
+    return [f"{c.name}: {c.message}" for c in static_checks(job_dir) if not c.ok]
 
 
 def _seq_len(root: Path, max_new_tokens: int) -> int:
@@ -87,8 +91,13 @@ def to_prime_rl_toml(job_dir: Path | str) -> str:
     layout = read_layout(job_dir)
     config = load_job_config(layout.config)
     env = layout.env.resolve()
+    bundled = config.base_model not in HF_REPOS
     header = [
         f"# prime-rl config for the nestor job {layout.root.resolve()}",
+        *([f"# {config.base_model} is bundled with nestor, not on the Hub: on the pod, "
+           "`pip install nestor` and set [model] name",
+           "# to the path printed by `nestor models list` (the nestor pool does this itself)."]
+          if bundled else []),
         f"# Install the taskset first (editable: it reads {layout.data.name} from the job):",
         f"#   uv pip install -e {env}",
         "# then run:  rl @ rl.toml",

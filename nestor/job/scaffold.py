@@ -72,6 +72,26 @@ __all__ = ["{cls}Taskset"]
 '''
 
 
+MAKE_DATA = '''\
+"""Regenerates data/train.jsonl for {task_id}: `python data/make_data.py [ROWS] [SEED]`.
+
+Rows come from the task's public input sampler and reference solution; edit freely (other
+difficulties, harder inputs, other prompt wordings) and rerun `nestor job validate`.
+"""
+
+import sys
+from pathlib import Path
+
+from nestor.job.scaffold import rows
+from nestor.tasks import TaskRegistry
+
+count = int(sys.argv[1]) if len(sys.argv) > 1 else {rows}
+seed = sys.argv[2] if len(sys.argv) > 2 else "scaffold:{task_id}"
+ref = TaskRegistry({modules!r}).get("{task_id}")
+(Path(__file__).parent / "train.jsonl").write_text(rows(ref, count, seed), encoding="utf-8")
+'''
+
+
 def config_toml(config: JobConfig | None = None) -> str:
     """Every knob with its description and range as a comment."""
     config = config or JobConfig()
@@ -86,7 +106,9 @@ def config_toml(config: JobConfig | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def init_job(job_dir: Path | str, ref: TaskRef, *, force: bool = False) -> list[Path]:
+def init_job(job_dir: Path | str, ref: TaskRef, *, force: bool = False,
+             modules: tuple[str, ...] = ()) -> list[Path]:
+    """Write the job; `modules` are the extra task modules its data generator needs."""
     root = Path(job_dir)
     if root.exists() and not root.is_dir():
         raise ScaffoldError(f"{root} exists and is not a directory")
@@ -98,7 +120,8 @@ def init_job(job_dir: Path | str, ref: TaskRef, *, force: bool = False) -> list[
         CONFIG: config_toml(JobConfig(max_new_tokens=ref.task.new_tokens())),
         PYPROJECT: env_pyproject(package, f"nestor training job: {ref.task.title}."),
         f"env/{package}/__init__.py": ENV_TEMPLATE.format(title=ref.task.title, cls=cls),
-        DATA: _rows(ref),
+        DATA: rows(ref),
+        "data/make_data.py": MAKE_DATA.format(task_id=ref.id, rows=ROWS, modules=modules),
     }
     written = []
     for rel, text in files.items():
@@ -109,16 +132,17 @@ def init_job(job_dir: Path | str, ref: TaskRef, *, force: bool = False) -> list[
     return written
 
 
-def _rows(ref: TaskRef) -> str:
-    rng = random.Random(f"scaffold:{ref.id}")
+def rows(ref: TaskRef, count: int = ROWS, seed: str | None = None) -> str:
+    """`count` distinct {prompt, answer} rows from the task's public sampler, as JSON lines."""
+    rng = random.Random(seed or f"scaffold:{ref.id}")
     seen: set[str] = set()
     lines = []
-    for _ in range(ROWS * 20):
+    for _ in range(count * 20):
         x = ref.task.sample(rng, 0)
         if x in seen:
             continue
         seen.add(x)
         lines.append(json.dumps({"prompt": ref.task.prompt(x), "answer": ref.task.solve(x)}))
-        if len(lines) == ROWS:
+        if len(lines) == count:
             break
     return "\n".join(lines) + "\n"

@@ -20,6 +20,8 @@ import json
 import logging
 import random
 import time
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -69,22 +71,28 @@ class ValidationReport(BaseModel):
 
 
 class _Report:
-    def __init__(self):
+    def __init__(self, on_check: Callable[[Check], None] | None = None):
         self.checks: list[Check] = []
+        self.on_check = on_check  # progress for a person watching (`nestor job validate`)
 
     def add(self, name: str, ok: bool, message: str) -> bool:
-        self.checks.append(Check(name=name, ok=ok, message=message))
+        check = Check(name=name, ok=ok, message=message)
+        self.checks.append(check)
+        if self.on_check is not None:
+            self.on_check(check)
         return ok
 
 
 def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
                  warm: bool = True, dry_run: bool = True, timeouts: Timeouts = PROBE_TIMEOUTS,
-                 memory_cap_mb: int = DEFAULT_MEMORY_CAP_MB) -> ValidationReport:
+                 memory_cap_mb: int = DEFAULT_MEMORY_CAP_MB,
+                 on_check: Callable[[Check], None] | None = None) -> ValidationReport:
     """Run every check on the job in `job_dir` for the task `spec`. Never raises for anything
     the job contains. `warm` reuses an idle sandboxed host (kept from the last probe, or
-    started ahead by `nestor.job.tasksource.prewarm(PROBE_LIMITS)` while the agent works)."""
+    started ahead by `nestor.job.tasksource.prewarm(PROBE_LIMITS)` while the agent works).
+    `on_check` sees each check as it completes."""
     t0 = time.perf_counter()
-    report = _Report()
+    report = _Report(on_check)
     try:
         _validate(Path(job_dir), spec, token_budget, warm, dry_run, timeouts, memory_cap_mb,
                   report)
@@ -120,6 +128,19 @@ def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_
         _sandbox_checks(source, spec, config, tokenizer, dry_run, memory_cap_mb, report)
 
 
+def static_checks(job_dir: Path | str,
+                  token_budget: int = DEFAULT_TOKEN_BUDGET) -> list[Check]:
+    """The checks that need no sandbox: files, config (with a known base model), budget,
+    dataset. `nestor job export` runs these before writing anything."""
+    report, job_dir = _Report(), Path(job_dir)
+    try:
+        read_layout(job_dir)
+    except LayoutError as exc:
+        report.add("files", False, str(exc))
+    _trusted_checks(job_dir, None, token_budget, report)
+    return report.checks
+
+
 def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
                     report: _Report) -> JobConfig | None:
     config = None
@@ -127,7 +148,8 @@ def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
         try:
             config = load_job_config(job_dir / "config.toml")
         except JobConfigError as exc:
-            report.add("config", False, str(exc))
+            problem = _model_problem(_raw_base_model(job_dir / "config.toml"))
+            report.add("config", False, str(exc) + (f"; {problem}" if problem else ""))
         else:
             problem = _model_problem(config.base_model)
             if problem:
@@ -144,6 +166,15 @@ def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
         ok, message = check_dataset(job_dir / DATA, root=job_dir)
         report.add("dataset", ok, message)
     return config
+
+
+def _raw_base_model(path: Path) -> str:
+    """base_model as written, so an unknown model is named together with the schema errors."""
+    try:
+        value = tomllib.loads(path.read_text(encoding="utf-8")).get("base_model", "tiny-m")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return "tiny-m"
+    return value if isinstance(value, str) else "tiny-m"
 
 
 def _model_problem(name: str) -> str | None:

@@ -14,6 +14,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nestor.config import validation_problems
+from nestor.outer.tracking import LoggingConfig
 
 
 class RunConfigError(ValueError):
@@ -82,6 +83,8 @@ class RunConfig(_Section):
                                "N steps (0 = only after the last step); see heldout_episodes.")
     heldout_episodes: int = Field(0, ge=0, le=1000, description="Episodes per held-out task "
                                   "and arm (trained / untrained) per eval; 0 = no held-out eval.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Experiment "
+                                   "tracking: TensorBoard and/or W&B (nestor.outer.tracking).")
 
     def pool_config(self):
         """The [pool] table as the pool's own config; errors become one line."""

@@ -5,7 +5,8 @@ with the current policy (arm "trained"), and once, cached, with the untrained po
 "untrained"). Their jobs are real (same pool, probe and hidden eval) and their cost counts;
 their episodes are recorded in the ledger under group ids "heldout:ARM:STEP", which the
 training loop never reads back. Rows go to RUN_DIR/heldout.jsonl:
-{step, arm, task, n, mean, ci95, cost_usd}.
+{step, arm, task, n, mean, ci95, values, cost_usd}; `values` holds every episode's reward, so
+intervals pooled over held-out tasks (nestor/report/findings.py) come from episodes, not means.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +36,15 @@ def mean_ci95(values: list[float]) -> tuple[float, list[float]]:
 
 class HeldoutEval:
     def __init__(self, *, run_dir: Path, registry, pool, ledger, episode_config, difficulty: int,
-                 every: int, episodes: int, make_untrained_policy, workers: int = 4):
+                 every: int, episodes: int, make_untrained_policy, workers: int = 4,
+                 progress: Callable[[str | None], None] | None = None):
         self.run_dir = Path(run_dir)
         self.specs = {r.id: r.spec(difficulty) for r in registry.heldout_tasks()}
         self.pool, self.ledger, self.episode_config = pool, ledger, episode_config
         self.every, self.n = every, episodes
         self.make_untrained_policy = make_untrained_policy
         self.workers = workers
+        self.progress = progress  # a line per finished episode, then None when done
 
     def due(self, step: int, final: bool) -> bool:
         if self.n == 0 or not self.specs:
@@ -49,7 +53,11 @@ class HeldoutEval:
 
     def run(self, policy, step: int) -> list[dict[str, Any]]:
         """Both arms at this step; the untrained arm comes from its cache after the first time."""
-        rows = [*self._untrained(step), *self._arm(policy, "trained", step)]
+        try:
+            rows = [*self._untrained(step), *self._arm(policy, "trained", step)]
+        finally:
+            if self.progress is not None:
+                self.progress(None)
         for row in rows:
             append_jsonl(self.run_dir / HELDOUT_FILE, row)
         return rows
@@ -73,13 +81,22 @@ class HeldoutEval:
                                group_id=f"heldout:{arm}:{step}")
 
         jobs = [(t, i) for t in self.specs for i in range(self.n)]
+        records = []
         with ThreadPoolExecutor(max_workers=self.workers) as ex:
-            records = list(ex.map(lambda a: one(*a), jobs))
+            futures = [ex.submit(one, *a) for a in jobs]
+            if self.progress is not None:
+                self.progress(f"held-out eval, {arm} arm: 0/{len(jobs)} episodes")
+            for done in as_completed(futures):
+                records.append(done.result())
+                if self.progress is not None:
+                    self.progress(f"held-out eval, {arm} arm: {len(records)}/{len(jobs)} "
+                                  f"episodes")
         rows = []
         for task_id in self.specs:
             recs = [r for r in records if r.task_id == task_id]
             mean, ci = mean_ci95([r.reward for r in recs])
             rows.append({"step": step, "arm": arm, "task": task_id, "n": len(recs),
-                         "mean": mean, "ci95": ci, "policy_version": policy.version,
+                         "mean": mean, "ci95": ci, "values": [r.reward for r in recs],
+                         "policy_version": policy.version,
                          "cost_usd": sum(r.result.cost_usd for r in recs if r.result)})
         return rows

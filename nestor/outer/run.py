@@ -59,6 +59,10 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
                                   f"`nestor train --resume {run_dir}` or pick another --run-dir")
         run_dir.mkdir(parents=True, exist_ok=True)
         save_run_config(config, run_dir / "config.toml")
+    from nestor.outer.tracking import Tracker
+
+    tracker = Tracker(config.logging, run_dir, name=run_dir.name, steps=config.steps,
+                      run_config=config.model_dump(mode="json"))  # TrackingError before any work
     policy = make_policy(config)
     ledger = Ledger(run_dir)
     pool = MeteredPool(make_pool(config.pool_config()))
@@ -71,13 +75,17 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
                               episode_config=config.episode_config(),
                               difficulty=config.difficulty, every=config.heldout_every,
                               episodes=config.heldout_episodes,
-                              make_untrained_policy=lambda: make_policy(config))
+                              make_untrained_policy=lambda: make_policy(config),
+                              progress=(lambda phase: progress({"phase": phase}))
+                              if progress is not None else None)
 
     def on_step(row: dict[str, Any], ckpt: Path) -> None:
         ledger.add_policy_version(policy.name, row["policy_version"], path=str(ckpt),
                                   metrics={k: v for k, v in row.items() if k != "train"})
+        tracker.log_step(row)
         if heldout is not None and heldout.due(row["step"], final=row["step"] == config.steps):
-            heldout.run(loop.policy, row["step"])  # blocks training; episodes keep running
+            # blocks training; episodes keep running
+            tracker.log_heldout(heldout.run(loop.policy, row["step"]), row["step"])
 
     loop = OuterLoop(config, policy, make_episode_fn(config, registry, pool, ledger, run_dir),
                      run_dir, pool=pool, progress=progress, on_step=on_step)
@@ -89,4 +97,5 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
         loop.policy.closed = True
         pool.shutdown()  # jobs of episodes past the last step resolve as 'lost'
         loop.join(timeout_s=20.0)
+        tracker.close()
     return summarize_run(run_dir)

@@ -49,6 +49,10 @@ class RunData:
             with Ledger(run_dir, readonly=True) as ledger:
                 data.episodes = ledger.episodes()
                 data.jobs = ledger.job_results()
+                models = {r["job_id"]: r["model"] for r in ledger._all(  # in each job's result
+                    "SELECT job_id, json_extract(result, '$.base_model') AS model FROM results")}
+            for job in data.jobs:
+                job["base_model"] = models.get(job["job_id"])
         return data
 
     # -- summaries -----------------------------------------------------------------------------
@@ -69,7 +73,9 @@ class RunData:
         return {
             "run_dir": str(self.run_dir),
             "name": self.config.get("name", self.run_dir.name),
-            "policy": (self.config.get("policy") or {}).get("kind"),
+            # a run's config names its policy; a run dir of `nestor episode run` has only the ledger
+            "policy": (self.config.get("policy") or {}).get("kind")
+            or ", ".join(sorted({e["policy"] for e in self.episodes})) or None,
             "status": self.status(),
             "steps": len(self.steps),
             "episodes": len(self.episodes),
@@ -81,7 +87,35 @@ class RunData:
             "jobs_ok": sum(j["status"] == "ok" for j in self.jobs),
             "cost_usd": round(sum(j.get("cost_usd") or 0.0 for j in self.jobs), 4),
             "heldout": self.heldout_latest(),
+            "findings": self.findings().to_json(),
         }
+
+    def findings(self):
+        """The write-up's five findings (nestor.report.findings, their one definition)."""
+        from nestor.report.findings import compute_findings
+
+        return compute_findings(self.steps, self.heldout)
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """The summary as (label, value) pairs formatted for people: the report's table and
+        `nestor runs show`."""
+        from nestor.report import fmt
+
+        s = self.summary()
+        rows = [("policy", s["policy"] or fmt.DASH), ("status", s["status"]),
+                ("outer steps", fmt.num(s["steps"])),
+                ("episodes", f"{fmt.num(s['episodes'])} ({fmt.num(s['episodes_done'])} finished)"),
+                ("mean episode reward", fmt.num(s["reward_mean"])),
+                ("reward, first 2 steps → last 2", fmt.arrow(s["reward_first_2_steps"],
+                                                              s["reward_last_2_steps"])),
+                ("jobs trained", f"{fmt.num(s['jobs_ok'])} ok of {fmt.num(s['jobs'])}"),
+                ("cost of inner jobs", fmt.usd(s["cost_usd"]))]
+        if self.steps and self.steps[-1].get("elapsed_s") is not None:
+            rows.insert(3, ("wall time", fmt.duration(self.steps[-1]["elapsed_s"])))
+        for arm, h in sorted(s["heldout"].items()):
+            rows.append((f"held-out, {arm} policy",
+                         f"{fmt.num(h['mean'])} (n = {h['n']}, step {h['step']})"))
+        return rows
 
     def heldout_latest(self) -> dict[str, Any]:
         """Per arm, the mean over held-out tasks at its latest step."""
@@ -94,6 +128,42 @@ class RunData:
             rows = steps[step]
             out[arm] = {"step": step, "mean": statistics.fmean(r["mean"] for r in rows),
                         "n": sum(r["n"] for r in rows)}
+        return out
+
+    def heldout_by_step(self) -> dict[str, list[dict[str, Any]]]:
+        """Per arm, one point per step: every episode's reward pooled over the held-out tasks,
+        its mean and 95% interval as nestor.report.findings defines them (no interval for rows
+        written before held-out rows kept per-episode values)."""
+        from nestor.report.findings import _arm_values, mean_ci95
+
+        by: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+        for row in self.heldout:
+            by[row["arm"]][row["step"]].append(row)
+        out: dict[str, list[dict[str, Any]]] = {}
+        for arm, steps in sorted(by.items()):
+            points = []
+            for step, rows in sorted(steps.items()):
+                values = _arm_values(rows)
+                if values:
+                    mean, ci = mean_ci95(values)
+                else:
+                    mean = statistics.fmean(r["mean"] for r in rows)
+                    ci = [mean, mean]
+                points.append({"step": step, "mean": mean, "ci95": ci, "n": len(values) or
+                               sum(r["n"] for r in rows), "tasks": len(rows)})
+            out[arm] = points
+        return out
+
+    def pre_post_by_model(self) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+        """task -> base model -> (pre scores, post scores) of its trained jobs."""
+        out: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+        for job in self.jobs:
+            if job["status"] == "ok" and job["pre_score"] is not None and \
+                    job["post_score"] is not None:
+                model = job.get("base_model") or "?"
+                pre, post = out.setdefault(job["task_id"], {}).setdefault(model, ([], []))
+                pre.append(job["pre_score"])
+                post.append(job["post_score"])
         return out
 
     def pre_post_by_task(self) -> dict[str, tuple[list[float], list[float]]]:

@@ -1,5 +1,8 @@
-"""One function per figure. Each takes RunData and an Axes-free figure size, returns a matplotlib
-Figure (or None when the run has no data for it yet). 12 inches at 100 dpi = 1200 px wide."""
+"""One function per figure. Each takes RunData and returns a matplotlib Figure (or None when the
+run has no data for it yet). 12 inches at 100 dpi = 1200 px wide.
+
+Every per-step figure shares one step axis (the run's first to last step, integer ticks), and
+noisy per-step series get a rolling mean drawn over faint raw points."""
 
 from __future__ import annotations
 
@@ -11,17 +14,50 @@ import matplotlib
 matplotlib.use("Agg")  # headless: reports are made on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
 from nestor.report.data import RunData  # noqa: E402
 
 WIDTH, HEIGHT, DPI = 12, 4.2, 100
+ARM_COLOURS = {"untrained": "#9e9e9e", "trained": "#1f77b4"}
+plt.rcParams.update({"axes.spines.top": False, "axes.spines.right": False, "font.size": 10})
 
 
-def _fig(title: str) -> tuple[Figure, plt.Axes]:
+def _fig(title: str, subtitle: str = "") -> tuple[Figure, plt.Axes]:
     fig, ax = plt.subplots(figsize=(WIDTH, HEIGHT), dpi=DPI, layout="constrained")
-    ax.set_title(title, loc="left", fontsize=13)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=13, fontweight="bold")
+    if subtitle:
+        ax.set_title(subtitle, loc="left", fontsize=9.5, color="#555")
     ax.grid(alpha=0.3)
     return fig, ax
+
+
+def step_range(data: RunData) -> tuple[int, int] | None:
+    """The run's step span: metrics rows and held-out evaluations together."""
+    steps = [r["step"] for r in data.steps] + [r["step"] for r in data.heldout]
+    return (min(steps), max(steps)) if steps else None
+
+
+def _step_axis(ax: plt.Axes, data: RunData) -> None:
+    span = step_range(data)
+    if span is not None:
+        ax.set_xlim(span[0] - 0.5, span[1] + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("outer step")
+
+
+def rolling(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` values (shorter at the start)."""
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1): i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def window_for(n: int) -> int:
+    """No smoothing for a handful of steps; then ~a tenth of the run, at least 3."""
+    return 1 if n < 6 else max(3, n // 10)
 
 
 def _series(data: RunData, key: str) -> tuple[list[int], list[float]]:
@@ -29,30 +65,44 @@ def _series(data: RunData, key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in rows], [v for _, v in rows]
 
 
+def _smoothed(ax: plt.Axes, steps: list[int], values: list[float], label: str, colour: str,
+              marker: str = "o") -> None:
+    """Raw points faint; the rolling mean (or the raw line, for a short run) bold."""
+    w = window_for(len(values))
+    if w == 1:
+        ax.plot(steps, values, color=colour, lw=2, marker=marker, ms=5, label=label)
+        return
+    ax.plot(steps, values, color=colour, lw=0.8, alpha=0.35, marker=marker, ms=3,
+            label=f"{label}, per step")
+    ax.plot(steps, rolling(values, w), color=colour, lw=2.2,
+            label=f"{label}, {w}-step rolling mean")
+
+
 def reward(data: RunData) -> Figure | None:
-    """Mean reward per step, and beneath it the weighted terms that sum to it: positive terms
-    stacked up from zero, negative ones (a job that made the model worse) stacked down."""
+    """Mean reward per step (rolling mean when noisy), and beneath it the weighted terms that
+    sum to it: positive terms stacked up from zero, negative ones stacked down."""
     rows = [r for r in data.steps if r.get("reward_mean") is not None]
     if not rows:
         return None
-    fig, ax = _fig("Reward per outer step, and the weighted terms that sum to it")
+    fig, ax = _fig("Reward per outer step", "bars: the weighted terms that sum to it")
     steps = [r["step"] for r in rows]
     names = sorted({k for r in rows for k in (r.get("reward_components") or {})
                     if k.startswith("weighted_")})
     up, down = [0.0] * len(rows), [0.0] * len(rows)
     for name in names:
         vals = [(r.get("reward_components") or {}).get(name) or 0.0 for r in rows]
+        if not any(vals):
+            continue
         base = [u if v >= 0 else d for v, u, d in zip(vals, up, down, strict=True)]
-        ax.bar(steps, vals, bottom=base, width=0.7, alpha=0.6,
+        ax.bar(steps, vals, bottom=base, width=0.7, alpha=0.45,
                label=name.removeprefix("weighted_"))
         up = [u + max(v, 0.0) for u, v in zip(up, vals, strict=True)]
         down = [d + min(v, 0.0) for d, v in zip(down, vals, strict=True)]
-    ax.plot(steps, [r["reward_mean"] for r in rows], color="black", lw=2, marker="o", ms=4,
-            label="reward (mean)")
+    _smoothed(ax, steps, [r["reward_mean"] for r in rows], "reward (mean)", "black")
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xlabel("outer step")
+    _step_axis(ax, data)
     ax.set_ylabel("reward")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     return fig
 
 
@@ -61,58 +111,92 @@ def reliability(data: RunData) -> Figure | None:
     steps, passed = _series(data, "validation_pass_rate")
     if not steps:
         return None
-    fig, ax = _fig("Process reliability: validation pass rate and job failure rate")
-    ax.plot(steps, passed, marker="o", ms=3, label="validation pass rate")
+    fig, ax = _fig("Rung one: jobs that pass validation, and jobs that fail to train")
+    _smoothed(ax, steps, passed, "validation pass rate", "#2ca02c")
     fsteps, failed = _series(data, "job_failure_rate")
     if fsteps:
-        ax.plot(fsteps, failed, marker="s", ms=3, label="job failure rate")
+        _smoothed(ax, fsteps, failed, "job failure rate", "#d62728", marker="s")
     ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel("outer step")
-    ax.legend(loc="best", fontsize=9)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    _step_axis(ax, data)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     return fig
 
 
 def pre_post(data: RunData) -> Figure | None:
-    """Rung two: hidden-eval accuracy before and after each task's jobs."""
-    by_task = data.pre_post_by_task()
+    """Rung two: hidden-eval accuracy before and after, per task and base model."""
+    by_task = data.pre_post_by_model()
     if not by_task:
         return None
-    fig, ax = _fig("Hidden eval per task: base model (pre) vs trained (post), mean over jobs")
+    fig, ax = _fig("Rung two: hidden-eval accuracy before (light) and after (dark) training",
+                   "per task and base model, mean over its jobs")
     tasks = sorted(by_task)
-    xs = range(len(tasks))
-    pre = [sum(by_task[t][0]) / len(by_task[t][0]) for t in tasks]
-    post = [sum(by_task[t][1]) / len(by_task[t][1]) for t in tasks]
-    ax.bar([x - 0.2 for x in xs], pre, width=0.4, label="pre")
-    ax.bar([x + 0.2 for x in xs], post, width=0.4, label="post")
-    ax.set_xticks(list(xs), [f"{t}\n(n={len(by_task[t][0])})" for t in tasks])
-    ax.set_ylabel("accuracy")
-    ax.legend(fontsize=9)
+    models = sorted({m for t in tasks for m in by_task[t]})
+    colours = dict(zip(models, itertools.cycle(plt.get_cmap("tab10").colors), strict=False))
+    width = 0.8 / (2 * len(models))
+    labelled: set[str] = set()
+    for k, model in enumerate(models):
+        for x, task in enumerate(tasks):
+            if model not in by_task[task]:
+                continue
+            pre, post = by_task[task][model]
+            left = x - 0.4 + 2 * k * width
+            mpre, mpost = sum(pre) / len(pre), sum(post) / len(post)
+            first = model not in labelled
+            labelled.add(model)
+            ax.bar(left + width / 2, mpre, width, color=colours[model], alpha=0.35,
+                   label=f"{model} before" if first else None)
+            ax.bar(left + 1.5 * width, mpost, width, color=colours[model],
+                   label=f"{model} after" if first else None)
+            ax.annotate(f"n={len(pre)}", (left + width, max(mpre, mpost)),
+                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8,
+                        color="#555")
+    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set_ylabel("hidden-eval accuracy")
+    ax.set_ylim(0, max(0.05, max(max(max(p[0] + p[1]) for p in by_task[t].values())
+                                 for t in tasks) * 1.2))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     return fig
 
 
 def heldout(data: RunData) -> Figure | None:
-    """Transfer: held-out family, current policy vs the untrained one, 95% intervals."""
-    if not data.heldout:
+    """Transfer: the held-out family, trained policy vs the untrained one, 95% intervals. Over
+    steps when evaluated more than once; else two bars."""
+    arms = data.heldout_by_step()
+    if not arms:
         return None
-    fig, ax = _fig("Held-out family: mean episode reward, trained vs untrained policy (95% CI)")
-    arms = sorted({r["arm"] for r in data.heldout})
-    for k, (arm, marker) in enumerate(zip(arms, itertools.cycle("os^"))):
-        shift = 0.06 * (k - (len(arms) - 1) / 2)  # side by side, so equal arms stay visible
-        by_step: dict[int, list[dict]] = {}
-        for row in data.heldout:
-            if row["arm"] == arm:
-                by_step.setdefault(row["step"], []).append(row)
-        steps = sorted(by_step)
-        means = [sum(r["mean"] for r in by_step[s]) / len(by_step[s]) for s in steps]
-        lo = [sum(r["ci95"][0] for r in by_step[s]) / len(by_step[s]) for s in steps]
-        hi = [sum(r["ci95"][1] for r in by_step[s]) / len(by_step[s]) for s in steps]
-        below = [m - a for m, a in zip(means, lo, strict=True)]
-        above = [b - m for m, b in zip(means, hi, strict=True)]
-        ax.errorbar([s + shift for s in steps], means, yerr=[below, above], marker=marker,
-                    capsize=4, label=arm)
-    ax.set_xlabel("outer step")
+    steps = sorted({p["step"] for points in arms.values() for p in points})
+    if len(steps) == 1:
+        fig, ax = _fig(f"Held-out family after step {steps[0]}: mean episode reward",
+                       "whiskers: Student-t 95% interval of the mean, episodes pooled over the held-out tasks")
+        names = sorted(arms, key=lambda a: a != "untrained")
+        for x, arm in enumerate(names):
+            (p,) = arms[arm]
+            ax.bar(x, p["mean"], 0.55, color=ARM_COLOURS.get(arm, "#ff7f0e"), alpha=0.85)
+            ax.errorbar(x, p["mean"], yerr=[[p["mean"] - p["ci95"][0]], [p["ci95"][1] - p["mean"]]],
+                        color="black", capsize=8, lw=1.5)
+            note = "" if p["ci95"][1] > p["ci95"][0] else "\n(no interval)"
+            ax.annotate(f"{p['mean']:.3f}\nn = {p['n']} episodes{note}", (x, p["ci95"][1]),
+                        textcoords="offset points", xytext=(0, 4), ha="center", fontsize=10)
+        ax.set_xticks(range(len(names)), [f"{a} policy" for a in names])
+        ax.set_xlim(-0.8, len(names) - 0.2)
+        top = max(p["ci95"][1] for points in arms.values() for p in points)
+        ax.set_ylim(min(0.0, min(p["ci95"][0] for pts in arms.values() for p in pts)),
+                    max(0.1, top * 1.3))
+        ax.set_ylabel("reward")
+        return fig
+    fig, ax = _fig("Held-out family: mean episode reward, trained vs untrained policy",
+                   "bands: Student-t 95% interval of the mean, episodes pooled over the held-out tasks")
+    for arm, points in sorted(arms.items()):
+        xs = [p["step"] for p in points]
+        colour = ARM_COLOURS.get(arm, "#ff7f0e")
+        ax.plot(xs, [p["mean"] for p in points], marker="o", color=colour, lw=2,
+                label=f"{arm} (n={points[-1]['n']} per evaluation)")
+        ax.fill_between(xs, [p["ci95"][0] for p in points], [p["ci95"][1] for p in points],
+                        color=colour, alpha=0.15)
+    _step_axis(ax, data)
     ax.set_ylabel("reward")
-    ax.legend(fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     return fig
 
 
@@ -120,14 +204,15 @@ def base_models(data: RunData) -> Figure | None:
     rows = [r for r in data.steps if r.get("base_model_share")]
     if not rows:
         return None
-    fig, ax = _fig("Base-model share of jobs")
+    fig, ax = _fig("Base-model choice: share of each step's jobs")
     names = sorted({m for r in rows for m in r["base_model_share"]})
     ax.stackplot([r["step"] for r in rows],
                  *[[r["base_model_share"].get(m, 0.0) for r in rows] for m in names],
                  labels=names, alpha=0.8)
     ax.set_ylim(0, 1)
-    ax.set_xlabel("outer step")
-    ax.legend(loc="upper left", fontsize=9)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    _step_axis(ax, data)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     return fig
 
 
@@ -135,10 +220,12 @@ def hyperparameters(data: RunData) -> Figure | None:
     steps, use = _series(data, "hyperparameter_surface_use")
     if not steps:
         return None
-    fig, ax = _fig("Hyperparameter-surface use: share of episodes changing ≥ 1 knob")
-    ax.plot(steps, use, marker="o", ms=3)
+    fig, ax = _fig("Hyperparameter surface: share of episodes that move ≥ 1 knob off its default")
+    _smoothed(ax, steps, use, "share of episodes", "#9467bd")
     ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel("outer step")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    _step_axis(ax, data)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     return fig
 
 
@@ -146,13 +233,14 @@ def cost(data: RunData) -> Figure | None:
     steps, per_step = _series(data, "cost_usd")
     if not steps:
         return None
-    fig, ax = _fig("Cost per step (bars) and cumulative (line), USD")
-    ax.bar(steps, per_step, alpha=0.6, label="per step")
+    fig, ax = _fig("Cost of inner jobs, USD", "bars: per step · line: cumulative")
+    ax.bar(steps, per_step, alpha=0.6, width=0.7)
     ax2 = ax.twinx()
-    ax2.plot(steps, list(itertools.accumulate(per_step)), color="black", label="cumulative")
-    ax.set_xlabel("outer step")
-    ax.set_ylabel("USD per step")
-    ax2.set_ylabel("USD cumulative")
+    ax2.plot(steps, list(itertools.accumulate(per_step)), color="black", lw=2)
+    ax2.spines["right"].set_visible(True)
+    _step_axis(ax, data)
+    ax.set_ylabel("per step")
+    ax2.set_ylabel("cumulative")
     return fig
 
 
@@ -161,22 +249,58 @@ def staleness(data: RunData) -> Figure | None:
     if not steps:
         return None
     fig, ax = _fig("Off-policy staleness of trained groups (policy versions behind)")
-    ax.plot(steps, mean, marker="o", ms=3, label="mean")
+    ax.plot(steps, mean, marker="o", ms=4, lw=2, label="mean")
     msteps, mx = _series(data, "staleness_max")
     if msteps:
         ax.plot(msteps, mx, ls="--", label="max")
     dropped = [(r["step"], r.get("stale_groups_dropped", 0)) for r in data.steps]
     if any(d for _, d in dropped):
         ax.bar([s for s, _ in dropped], [d for _, d in dropped], alpha=0.3, label="groups dropped")
-    ax.set_xlabel("outer step")
-    ax.legend(fontsize=9)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _step_axis(ax, data)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     return fig
 
 
+def compare_rewards(runs: list[tuple[str, RunData]]) -> Figure | None:
+    """`nestor runs compare`: the runs' reward curves overlaid on one step axis."""
+    runs = [(name, d) for name, d in runs if any(r.get("reward_mean") is not None
+                                                 for r in d.steps)]
+    if not runs:
+        return None
+    fig, ax = _fig("Reward per outer step", " vs ".join(name for name, _ in runs))
+    colours = itertools.cycle(plt.get_cmap("tab10").colors)
+    for (name, d), colour in zip(runs, colours, strict=False):
+        steps, values = _series(d, "reward_mean")
+        _smoothed(ax, steps, values, name, colour)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("outer step")
+    ax.set_ylabel("reward")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    return fig
+
+
+CAPTIONS = {
+    "reward": "Did the agent's reward rise? Mean episode reward of the groups each policy update "
+              "used; the bars split it into its weighted terms.",
+    "reliability": "The first rung: learning to write jobs that pass the validation probe and "
+                   "then train without failing.",
+    "pre_post": "The second rung: do its jobs make the base model better on the hidden eval? "
+                "Light bars are the base model, dark bars the trained one.",
+    "heldout": "Transfer: the same policy on a task family it never trained on, against an "
+               "untrained policy. With few episodes the intervals are wide: read a direction.",
+    "base_models": "Does the agent move its jobs to the stronger base model?",
+    "hyperparameters": "Does the agent learn to use the hyperparameter surface instead of the "
+                       "defaults?",
+    "cost": "What the inner jobs cost (zero on a local pool).",
+    "staleness": "How off-policy the trained groups were; stale groups are reweighted or "
+                 "dropped.",
+}
+
 FIGURES: dict[str, tuple[str, Callable[[RunData], Figure | None]]] = {
     "reward": ("Reward", reward),
-    "reliability": ("Validation and job failures", reliability),
-    "pre_post": ("Hidden eval before and after", pre_post),
+    "reliability": ("Rung one: validation and job failures", reliability),
+    "pre_post": ("Rung two: hidden eval before and after", pre_post),
     "heldout": ("Held-out transfer", heldout),
     "base_models": ("Base-model choice", base_models),
     "hyperparameters": ("Hyperparameter surface", hyperparameters),

@@ -44,6 +44,15 @@ def test_composer_episode_without_training_prints_json(tmp_path):
     ep = json.loads(shown.stdout)
     assert [t["role"] for t in ep["turns"]][:4] == ["system", "user", "assistant", "tool"]
     assert ep["turns"][2]["action_keys"][0] == "base_model@arithmetic"
+    verdicts = [t["content"] for t in ep["turns"] if t["content"].startswith("validation passed")]
+    assert all("not trained here" in v and "sent for training" not in v for v in verdicts)
+    assert ep["paths"]["workspace"] == str(ep_dir / "workspace")
+    text = runner.invoke(app, ["episode", "show", out["episode_id"], "--run-dir", str(tmp_path)])
+    assert text.exit_code == 0 and "…" not in text.stdout  # nothing cut
+    assert ep["turns"][0]["content"].splitlines()[-1] in text.stdout
+    assert f"workspace: {ep_dir / 'workspace'}" in text.stdout
+    table = runner.invoke(app, ["episode", "list", "--run-dir", str(tmp_path)], terminal_width=60)
+    assert out["episode_id"] in table.stdout  # the id `show` needs is never cut
 
 
 def test_sigkill_mid_episode_leaves_a_readable_ledger(tmp_path):

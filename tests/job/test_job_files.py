@@ -2,6 +2,8 @@
 
 import json
 import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -63,7 +65,7 @@ def test_prime_rl_export_carries_the_config(job):
     text = (job / "config.toml").read_text().replace("max_steps = 40", "max_steps = 7")
     (job / "config.toml").write_text(text + "lora_rank = 8\nlora_alpha = 16\n")
     rl = to_prime_rl(job)
-    assert rl["max_steps"] == 7 and rl["model"]["name"].endswith("tiny-m")
+    assert rl["max_steps"] == 7 and rl["model"]["name"] == "tiny-m"  # a name, never a path
     assert rl["orchestrator"]["batch_size"] == 16 * 8 and rl["orchestrator"]["group_size"] == 8
     assert rl["orchestrator"]["train"]["sampling"] == {"temperature": 1.0,
                                                        "max_completion_tokens": 12}
@@ -81,8 +83,18 @@ def test_cli_export_and_init(tmp_path, job):
     result = runner.invoke(app, ["job", "export", str(job), "--prime-rl", str(out)])
     assert result.exit_code == 0, result.output
     assert tomllib.loads(out.read_text())["max_steps"] == 40
+    text = out.read_text()
+    assert "loss=token_is" in text and str(Path.cwd()) not in text.split("[model]")[1]
     result = runner.invoke(app, ["job", "export", str(tmp_path / "nope"), "--prime-rl", str(out)])
     assert result.exit_code == 2 and "no such job directory" in result.output
+    result = runner.invoke(app, ["job", "export", str(job / "config.toml"), "--prime-rl", str(out)])
+    assert result.exit_code == 2 and "is a file" in result.output
+    # an unknown base model is refused as the probe refuses it, and nothing is written
+    (job / "config.toml").write_text('base_model = "gpt-9"\n')
+    out.unlink()
+    result = runner.invoke(app, ["job", "export", str(job), "--prime-rl", str(out)])
+    assert result.exit_code == 2 and "'gpt-9' is not a known model" in result.output
+    assert not out.exists()
 
     result = runner.invoke(app, ["job", "init", str(tmp_path / "new"), "--task", "add"])
     assert result.exit_code == 0, result.output
@@ -91,6 +103,12 @@ def test_cli_export_and_init(tmp_path, job):
     assert all(r["prompt"].endswith("=") and int(r["answer"]) == sum(
         map(int, r["prompt"][:-1].split("+"))) for r in rows)
     assert read_layout(tmp_path / "new").package == "add_job"
+    assert "next: edit it, then `nestor job validate" in result.output
+    # the generator the docs describe sits beside the data and remakes it
+    gen = tmp_path / "new" / "data" / "make_data.py"
+    subprocess.run([sys.executable, str(gen), "50", "other-seed"], check=True, timeout=120)
+    regenerated = (tmp_path / "new" / "data" / "train.jsonl").read_text().splitlines()
+    assert len(regenerated) == 50 and json.loads(regenerated[0])["prompt"].endswith("=")
     again = runner.invoke(app, ["job", "init", str(tmp_path / "new"), "--task", "add"])
     assert again.exit_code == 2 and "not empty" in again.output
     unknown = runner.invoke(app, ["job", "init", str(tmp_path / "x"), "--task", "revrse"])
@@ -111,6 +129,17 @@ def test_cli_validate_exit_codes_and_json(tmp_path, job):
     report = json.loads(result.stdout)
     assert result.exit_code == 1 and not report["passed"]
     assert [c["name"] for c in report["checks"] if not c["ok"]] == ["config"]
+    # an unknown model is named together with the schema errors, not after they are fixed
+    (new / "config.toml").write_text('max_steps = 0\nbase_model = "gpt-9"\n')
+    result = runner.invoke(app, ["job", "validate", str(new), "--task", "sort"])
+    assert result.exit_code == 1
+    assert "max_steps" in result.stdout and "'gpt-9' is not a known model" in result.stdout
+    # progress: every check is printed as a line, then the verdict
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("validating") and lines[-1].startswith("failed in")
+    assert any(line.startswith("FAIL config:") for line in lines)
+    plain = runner.invoke(app, ["job", "validate", str(new / "config.toml"), "--task", "sort"])
+    assert plain.exit_code == 2 and "is a file" in plain.output
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "job-format.md"
@@ -130,8 +159,6 @@ def test_docs_list_every_config_knob_with_its_default():
 
     text = DOC.read_text()
     for name, field in JobConfig.model_fields.items():
-        if name == "loss":
-            continue
         row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")), None)
         assert row is not None, f"docs/job-format.md lacks a row for {name}"
         default = field.default

@@ -39,10 +39,12 @@ def test_heldout_arms_cached_and_invisible_to_training(tmp_path):
         return untrained[-1]
 
     trained = Silent(version=3)
+    phases: list = []
     with Ledger(tmp_path) as ledger:
         ev = HeldoutEval(run_dir=tmp_path, registry=TaskRegistry(), pool=None, ledger=ledger,
                          episode_config=EpisodeConfig(max_turns=1), difficulty=0, every=2,
-                         episodes=2, make_untrained_policy=make_untrained)
+                         episodes=2, make_untrained_policy=make_untrained,
+                         progress=phases.append)
         assert ev.due(2, final=False) and not ev.due(3, final=False) and ev.due(3, final=True)
         first = ev.run(trained, step=2)
         second = ev.run(trained, step=4)
@@ -51,6 +53,11 @@ def test_heldout_arms_cached_and_invisible_to_training(tmp_path):
         assert all(r["n"] == 2 and r["ci95"][0] <= r["mean"] <= r["ci95"][1] for r in first)
         assert len(untrained) == 1 and untrained[0].acts == 2 * len(heldout_ids)  # once, cached
         assert trained.acts == 2 * 2 * len(heldout_ids)
+        total = 2 * len(heldout_ids)  # progress: per episode of each arm, then None when done
+        assert phases[:2] == [f"held-out eval, untrained arm: 0/{total} episodes",
+                              f"held-out eval, untrained arm: 1/{total} episodes"]
+        assert f"held-out eval, trained arm: {total}/{total} episodes" in phases
+        assert phases[-1] is None and phases.count(None) == 2
         assert {r["arm"] for r in second} == {"trained", "untrained"}
         assert all(r.get("cached") for r in second if r["arm"] == "untrained")
         assert ledger_episodes(ledger, tmp_path) == []  # never read back as training episodes

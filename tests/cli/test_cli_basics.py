@@ -1,0 +1,105 @@
+"""Root-level CLI behaviour a new user meets first: --version, one-line usage errors, overrides,
+episode and run listings."""
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nestor.cli import app
+from tests.report.run_fixture import make_run
+
+runner = CliRunner()
+
+
+def test_version():
+    out = runner.invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.stdout.startswith("nestor 0.")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["job", "validate", "--bogus"], "No such option: --bogus"),
+    (["runs", "show"], "Missing argument"),
+    (["episode", "list"], "Missing option '--run-dir'"),
+    (["train", "configs/quickstart.toml", "--steps", "0"], "--steps"),
+])
+def test_click_errors_are_one_line(argv, needle):
+    out = runner.invoke(app, argv)
+    assert out.exit_code == 2
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.output
+    assert "╭" not in out.output and "--help`" in lines[0]
+
+
+def test_help_says_run_dir_is_required():
+    out = runner.invoke(app, ["episode", "show", "--help"], terminal_width=200)
+    assert "required" in out.stdout.lower()
+
+
+def test_steps_override_is_validated_like_the_toml():
+    from nestor.cli.train import _override
+    from nestor.outer.config import load_run_config
+
+    cfg = load_run_config(Path("configs/quickstart.toml"))
+    assert _override(cfg, seed=None, steps=2).steps == 2
+    assert _override(cfg, seed=7, steps=None).seed == 7
+    assert _override(cfg, seed=None, steps=None) is cfg
+    for cmd in (["train", "--help"], ["quickstart", "--help"], ["job", "train", "--help"]):
+        shown = runner.invoke(app, cmd, terminal_width=200).stdout
+        assert ("--max-steps" if cmd[0] == "job" else "--steps") in shown
+
+
+def test_job_train_max_steps_copies_the_job(tmp_path):
+    from nestor.cli.job import _with_max_steps
+
+    job = tmp_path / "job"
+    assert runner.invoke(app, ["job", "init", str(job), "--task", "add"]).exit_code == 0
+    copy = _with_max_steps(job.resolve(), 3)
+    assert copy != job and tomllib.loads((copy / "config.toml").read_text())["max_steps"] == 3
+    assert tomllib.loads((job / "config.toml").read_text())["max_steps"] != 3  # untouched
+    assert (copy / "data" / "train.jsonl").read_text() == (job / "data" / "train.jsonl").read_text()
+
+
+def test_runs_list_shows_policy_and_reward_of_an_episode_dir(tmp_path):
+    from nestor.ledger import Ledger
+
+    run = tmp_path / "runs" / "episode-1"
+    with Ledger(run) as ledger:
+        ledger.start_episode("e1", task_id="add", family="arithmetic", difficulty=0,
+                             policy="composer", policy_version=0, config={})
+        ledger.finish_episode("e1", end_reason="not_trained", reward=0.25, components={})
+    rows = json.loads(runner.invoke(app, ["runs", "list", str(tmp_path / "runs"), "--json"]).stdout)
+    assert rows[0]["policy"] == "composer" and rows[0]["reward_mean"] == 0.25
+    table = runner.invoke(app, ["runs", "list", str(tmp_path / "runs")], env={"COLUMNS": "200"})
+    assert "composer" in table.stdout and "0.250 (episodes)" in table.stdout
+
+
+def test_episode_progress_lines_when_not_a_terminal(capsys):
+    from nestor.cli.episode import _Narrated
+    from nestor.policy.base import Message, Observation, ToolCall, Turn
+
+    class Policy:
+        name, version = "fake", 3
+
+        def act(self, obs):
+            return Turn(message=Message("assistant", "", tool_calls=[
+                ToolCall(id="1", name="submit", arguments={})]))
+
+    narrated = _Narrated(Policy(), status=None, max_turns=5)
+    assert narrated.name == "fake" and narrated.version == 3
+    obs = Observation([Message("tool", "validation failed (attempt 1 of 3): 1 of 9 checks")], [])
+    narrated.act(obs)
+    err = capsys.readouterr().err
+    assert "validation failed (attempt 1 of 3)" in err and "turn 1/5: submit (validating…)" in err
+
+
+def test_episode_show_and_list_read_the_fixture(tmp_path):
+    run = make_run(tmp_path / "run", steps=1)
+    listed = runner.invoke(app, ["episode", "list", "--run-dir", str(run)], terminal_width=50)
+    assert "ep-0-1" in listed.stdout
+    shown = runner.invoke(app, ["episode", "show", "ep-0-1", "--run-dir", str(run)])
+    assert shown.exit_code == 0, shown.output
+    assert "write_file(path=config.toml" in shown.stdout and "pre 0." in shown.stdout
+    assert f"job:       {run / 'episodes' / 'ep-0-1' / 'job'}" in shown.stdout
