@@ -6,7 +6,15 @@ from pathlib import Path
 
 import typer
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+from nestor.cli.common import (
+    JsonOpt,
+    TasksModuleOpt,
+    console,
+    fail,
+    print_json,
+    registry,
+    require_sandbox,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Training jobs: validate, export, scaffold, train.")
 
@@ -50,6 +58,7 @@ def validate(
 
     spec = _spec(task, difficulty, tasks_module)
     _job_dir(job_dir)
+    require_sandbox()
     with console.status(f"validating {job_dir} for {task}…"):
         report = validate_job(job_dir, spec, token_budget=token_budget or DEFAULT_TOKEN_BUDGET)
     if json_:
@@ -134,6 +143,7 @@ def train(
     from nestor.job.config import JobConfigError, load_job_config
 
     _spec(task, difficulty, tasks_module)
+    require_sandbox()
     request = JobRequest(job_dir=_job_dir(job_dir).resolve(), task_id=task, difficulty=difficulty,
                          out_dir=out, timeout_s=timeout_s, tasks_modules=list(tasks_module or []))
     try:

@@ -10,7 +10,15 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+from nestor.cli.common import (
+    JsonOpt,
+    TasksModuleOpt,
+    console,
+    fail,
+    print_json,
+    registry,
+    require_sandbox,
+)
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
 
@@ -62,6 +70,7 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
     from nestor.outer.run import train as train_run
     from nestor.pool.base import PoolError
 
+    require_sandbox()  # the pool runs agent code: stop now, in one line, if it would be refused
     view = LiveView(run_dir)
     try:
         with view.live:

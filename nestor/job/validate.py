@@ -29,7 +29,7 @@ from nestor.job.dryrun import render_prompt, rollouts, tokenizer_for
 from nestor.job.layout import DATA, JobLayout, LayoutError, read_layout
 from nestor.job.rubric_probe import RubricProbe, probe_replies
 from nestor.job.tasksource import JobTaskSource, TaskSourceError, Timeouts
-from nestor.sandbox import Limits, SandboxError
+from nestor.sandbox import Limits, SandboxError, SandboxUnavailable
 from nestor.tasks import TaskSpec
 
 log = logging.getLogger("nestor.job")
@@ -78,12 +78,14 @@ def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEF
                  warm: bool = True, dry_run: bool = True,
                  timeouts: Timeouts = PROBE_TIMEOUTS) -> ValidationReport:
     """Run every check on the job in `job_dir` for the task `spec`. Never raises for anything
-    the job contains. `warm` reuses an idle sandboxed host (kept from the last probe, or
+    the job contains (raises SandboxUnavailable where agent code would be refused). `warm` reuses an idle sandboxed host (kept from the last probe, or
     started ahead by `nestor.job.tasksource.prewarm(PROBE_LIMITS)` while the agent works)."""
     t0 = time.perf_counter()
     report = _Report()
     try:
         _validate(Path(job_dir), spec, token_budget, warm, dry_run, timeouts, report)
+    except SandboxUnavailable:
+        raise  # no sandbox for agent code here: not the job's fault, the run must stop
     except Exception as exc:  # a bug of ours must not take the episode down with it
         log.exception("validation probe crashed")
         report.add("probe", False, f"the probe itself failed ({type(exc).__name__}: {exc}); "

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nestor.sandbox.backend import (
+    UNAVAILABLE,
     UNSHARE_ARGS,
     Binds,
     bwrap_args,
@@ -26,9 +27,10 @@ from nestor.sandbox.backend import (
     seccomp_fd,
     setpriv_args,
     share_read_only,
+    unavailable_reason,
     world_accessible,
 )
-from nestor.sandbox.limits import Limits
+from nestor.sandbox.limits import Limits, SandboxUnavailable
 
 CHUNK = 1 << 16
 # Beyond this many times the output cap the child is killed rather than drained for ever.
@@ -55,7 +57,7 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
     """The wrapped command line for argv under the backend in use here."""
     if not argv:
         raise ValueError("run_sandboxed: empty argv")
-    backend = detect_backend()
+    backend = require_backend()
     pairs = normalize_binds(binds)
     env = sandbox_env(env)
     root = os.geteuid() == 0
@@ -92,6 +94,15 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
         cmd += setpriv_args(uid)
     host_cwd = translate(cwd, pairs) if cwd else host_tmp
     return Launch(cmd + argv, env, host_cwd, backend, uid, host_tmp)
+
+
+def require_backend() -> str:
+    """The backend agent code runs under here; SandboxUnavailable (one line: why, and how to fix
+    it) where bubblewrap cannot start and no weaker backend was opted in to by name."""
+    backend = detect_backend()
+    if backend == UNAVAILABLE:
+        raise SandboxUnavailable(unavailable_reason())
+    return backend
 
 
 def own_process_count() -> int:

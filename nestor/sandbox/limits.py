@@ -10,6 +10,12 @@ class SandboxError(RuntimeError):
     paragraph meant for a person or an agent: what happened, then the tail of the child's stderr."""
 
 
+class SandboxUnavailable(RuntimeError):
+    """No sandbox strong enough for agent code here (bubblewrap cannot start and the user did not
+    opt in to a weaker backend by name). Deliberately not a SandboxError: it is not the job's
+    fault, so validation and training stop with this one line instead of failing a job."""
+
+
 class Limits(BaseModel):
     """Resource limits applied to one sandboxed child (and everything it forks)."""
 
