@@ -120,7 +120,15 @@ def setpriv_args(uid: int) -> list[str]:
 
 
 def pick_uid() -> int:
-    return random.randrange(*UID_RANGE)
+    """A random uid of the range that no live process has: sandboxes never share a uid."""
+    in_use = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                in_use.add(entry.stat(follow_symlinks=False).st_uid)
+    while (uid := random.randrange(*UID_RANGE)) in in_use:
+        pass
+    return uid
 
 
 def interpreter_binds() -> list[tuple[str, str]]:

@@ -30,6 +30,7 @@ from nestor.sandbox.backend import (
     unavailable_reason,
     world_accessible,
 )
+from nestor.sandbox.bounds import WATCHDOG, Watch
 from nestor.sandbox.limits import Limits, SandboxUnavailable
 
 CHUNK = 1 << 16
@@ -50,6 +51,13 @@ class Launch:
     host_tmp: str | None  # private tmp dir of the fallback backends, removed afterwards
     pass_fds: tuple[int, ...] = ()  # the seccomp filter's memfd, closed once spawned
     killed: bool = False  # kill() ran: never signal the (possibly reused) pgid again
+    limits: Limits | None = None
+    watch: Watch | None = None  # the whole-sandbox CPU and memory bound (bounds.py)
+
+    @property
+    def breach(self) -> str | None:
+        """Why the watchdog killed the sandbox, if it did."""
+        return self.watch.breached if self.watch else None
 
 
 def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str, str] | None,
@@ -72,7 +80,7 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
         if uid is not None:
             cmd += setpriv_args(uid)
         return Launch(cmd + [str(a) for a in argv], env, None, backend, uid, None,
-                       () if fd is None else (fd,))
+                      () if fd is None else (fd,), limits=limits)
 
     # Fallbacks cannot remap paths: strings naming a sandbox path are rewritten to the host path.
     host_tmp = tempfile.mkdtemp(prefix="nestor-sandbox-")
@@ -93,7 +101,7 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
         uid = pick_uid()
         cmd += setpriv_args(uid)
     host_cwd = translate(cwd, pairs) if cwd else host_tmp
-    return Launch(cmd + argv, env, host_cwd, backend, uid, host_tmp)
+    return Launch(cmd + argv, env, host_cwd, backend, uid, host_tmp, limits=limits)
 
 
 def require_backend() -> str:
@@ -136,7 +144,7 @@ def translate(value: str, pairs: list[tuple[str, str]]) -> str:
 
 def spawn(launch: Launch, stdin_pipe: bool) -> subprocess.Popen:
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             launch.cmd, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=launch.env,
             cwd=launch.host_cwd, start_new_session=True, close_fds=True, bufsize=0,
@@ -145,6 +153,11 @@ def spawn(launch: Launch, stdin_pipe: bool) -> subprocess.Popen:
         for fd in launch.pass_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+    if launch.limits is not None:
+        launch.watch = WATCHDOG.watch(proc.pid, launch.limits.total_cpu_s(),
+                                      launch.limits.total_memory_mb(),
+                                      lambda why: kill(proc, launch))
+    return proc
 
 
 def kill(proc: subprocess.Popen, launch: Launch) -> None:
@@ -183,6 +196,8 @@ def kill_by_token(needle: bytes) -> None:
 
 
 def cleanup(launch: Launch) -> None:
+    if launch.watch is not None:
+        WATCHDOG.unwatch(launch.watch)
     if launch.host_tmp:
         shutil.rmtree(launch.host_tmp, ignore_errors=True)
 

@@ -92,7 +92,9 @@ def run_sandboxed(
     rc = returncode(proc.returncode, launch.backend)
     stdout, stderr = _decode(out, totals[0], limits), _decode(err, totals[1], limits)
     truncated = max(totals) > limits.output_bytes
-    if timed_out:
+    if launch.breach:
+        reason = f"killed: it {launch.breach}"
+    elif timed_out:
         reason = f"wall-clock timeout after {limits.wall_s:g} s (process group killed)"
     elif overflow:
         reason = (f"printed more than {OVERFLOW_FACTOR * limits.output_bytes} bytes "
