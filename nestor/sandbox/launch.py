@@ -163,7 +163,9 @@ def spawn(launch: Launch, stdin_pipe: bool) -> subprocess.Popen:
 def kill(proc: subprocess.Popen, launch: Launch) -> None:
     """SIGKILL the child's whole process group (with bubblewrap: its pid namespace dies with it),
     then, in the fallbacks, every process of the child's private uid (catches setsid escapees)."""
-    if launch.killed:
+    if launch.killed:  # e.g. by the bounds watchdog: still reap, so returncode is set
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
         return
     launch.killed = True
     with contextlib.suppress(ProcessLookupError, PermissionError):
