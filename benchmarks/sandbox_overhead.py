@@ -1,6 +1,6 @@
 """Cost of the sandbox: start-up of a sandboxed interpreter vs a plain one, the round trip
 of one JSON-lines request to a SandboxedProcess, and one scan of the whole-sandbox bounds'
-watchdog (every 0.5 s while sandboxes live). Last line: one JSON object of figures.
+watchdog (every second while sandboxes live). Last line: one JSON object of figures.
 
     .venv/bin/python benchmarks/sandbox_overhead.py [--n 20]
 """

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-POLL_S = 0.5
+POLL_S = 1.0  # a scan reads every /proc/PID/stat: ~5-25 ms, so not more often
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
