@@ -26,7 +26,8 @@ def no_bwrap(monkeypatch):
 
     monkeypatch.setattr(backend_mod, "_probe", probe)
     monkeypatch.delenv(backend_mod.BACKEND_ENV, raising=False)
-    monkeypatch.delenv(backend_mod.WARNED_ENV, raising=False)
+    monkeypatch.setenv(backend_mod.WARNED_ENV, "0")  # so that teardown restores it
+    monkeypatch.delenv(backend_mod.WARNED_ENV)
     backend_mod.detect_backend.cache_clear()
     yield monkeypatch
     backend_mod.detect_backend.cache_clear()

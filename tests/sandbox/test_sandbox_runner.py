@@ -143,7 +143,8 @@ def test_close_leaves_no_process(server_job, marker):
 def forced_backend(monkeypatch):
     def force(name):
         monkeypatch.setenv(backend_mod.BACKEND_ENV, name)
-        monkeypatch.delenv(backend_mod.WARNED_ENV, raising=False)
+        monkeypatch.setenv(backend_mod.WARNED_ENV, "0")  # so that teardown restores it
+        monkeypatch.delenv(backend_mod.WARNED_ENV)
         backend_mod.detect_backend.cache_clear()
     yield force
     backend_mod.detect_backend.cache_clear()
