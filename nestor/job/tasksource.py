@@ -167,7 +167,9 @@ def _release(z: _Zygote, keep: bool) -> None:
 
 
 def _replenish(limits: Limits) -> None:
-    """Start the successor of a host that served its job, unless an idle one is there."""
+    """Start the successor of a host that served its job, unless an idle one is there. In the
+    caller's thread (a Popen, milliseconds): bwrap's --die-with-parent is a parent-death signal
+    tied to the spawning *thread*, so a host spawned from a short-lived thread would die with it."""
     if sys.is_finalizing():
         return
     with contextlib.suppress(Exception):  # only a head start: a real start reports trouble

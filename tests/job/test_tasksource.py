@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,9 @@ def test_each_job_gets_its_own_host_and_nothing_of_it_survives(tmp_path):
         src.load()
         host_a, pid_a = src._zygote, src._zygote.process._proc.pid
     assert not host_a.alive and not _pid_alive(pid_a)  # killed with its sandbox on close
+    deadline = time.monotonic() + 10
+    while not tasksource._idle and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert any(z.alive for z in tasksource._idle)  # its successor is already starting
     with JobTaskSource(b) as src:
         assert src._zygote is not host_a
