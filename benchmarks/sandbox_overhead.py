@@ -1,5 +1,6 @@
-"""Cost of the sandbox: start-up of a sandboxed interpreter vs a plain one, and the round trip
-of one JSON-lines request to a SandboxedProcess. Last line: one JSON object of figures.
+"""Cost of the sandbox: start-up of a sandboxed interpreter vs a plain one, the round trip
+of one JSON-lines request to a SandboxedProcess, and one scan of the whole-sandbox bounds'
+watchdog (every second while sandboxes live). Last line: one JSON object of figures.
 
     .venv/bin/python benchmarks/sandbox_overhead.py [--n 20]
 """
@@ -11,6 +12,7 @@ import sys
 import time
 
 from nestor.sandbox import SandboxedProcess, run_sandboxed, sandbox_backend
+from nestor.sandbox.bounds import WATCHDOG
 
 ECHO = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(line); sys.stdout.flush()\n"
 
@@ -33,15 +35,19 @@ def main() -> None:
         t = time.perf_counter()
         assert run_sandboxed([sys.executable, "-c", "pass"]).ok
         boxed.append(time.perf_counter() - t)
-    rtt = []
+    rtt, scan = [], []
     with SandboxedProcess([sys.executable, "-c", ECHO]) as proc:
         for i in range(n * 10):
             t = time.perf_counter()
             proc.request({"i": i, "completion": "x" * 2000})
             rtt.append(time.perf_counter() - t)
+        for _ in range(n):
+            t = time.perf_counter()
+            WATCHDOG.check_now()
+            scan.append(time.perf_counter() - t)
     figures = {"backend": sandbox_backend(), "n": n}
     for name, xs in [("plain_start_s", plain), ("sandboxed_start_s", boxed),
-                     ("request_rtt_s", rtt)]:
+                     ("request_rtt_s", rtt), ("bounds_scan_s", scan)]:
         p50, p95 = percentiles(xs)
         figures[name] = {"p50": round(p50, 4), "p95": round(p95, 4)}
         print(f"{name:20s} p50 {p50 * 1000:7.1f} ms   p95 {p95 * 1000:7.1f} ms")

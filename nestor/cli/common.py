@@ -23,6 +23,18 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def require_sandbox() -> str:
+    """Stop with one line, before any work, where agent code would be refused (no bubblewrap
+    and no opt-in to a weaker backend by name; see docs/sandbox.md)."""
+    from nestor.sandbox import SandboxUnavailable
+    from nestor.sandbox import require_sandbox as require
+
+    try:
+        return require()
+    except (SandboxUnavailable, ValueError) as exc:
+        fail(str(exc))
+
+
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 

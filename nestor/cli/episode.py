@@ -10,7 +10,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+from nestor.cli.common import (
+    JsonOpt,
+    TasksModuleOpt,
+    console,
+    fail,
+    print_json,
+    registry,
+    require_sandbox,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Agent episodes: write, validate, train, reward.")
 RunDirOpt = typer.Option(None, "--run-dir", help="Run directory (ledger.sqlite, episodes/); "
@@ -73,6 +81,7 @@ def run(
     except TaskError as exc:
         fail(str(exc))
     run_dir = run_dir or Path("runs") / time.strftime("episode-%Y%m%d-%H%M%S")
+    require_sandbox()
     pol = _make_policy(policy, checkpoint, seed, budget, model)
     cfg = EpisodeConfig(max_turns=max_turns, max_attempts=attempts, token_budget=budget,
                         job_timeout_s=timeout, difficulty=difficulty)

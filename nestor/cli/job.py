@@ -7,7 +7,15 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+from nestor.cli.common import (
+    JsonOpt,
+    TasksModuleOpt,
+    console,
+    fail,
+    print_json,
+    registry,
+    require_sandbox,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Training jobs: validate, export, scaffold, train.")
 
@@ -57,6 +65,7 @@ def validate(
 
     spec = _spec(task, difficulty, tasks_module)
     _job_dir(job_dir)
+    require_sandbox()
     from rich.console import Console
 
     out = Console()
@@ -175,6 +184,7 @@ def train(
     from nestor.job.config import JobConfigError, load_job_config
 
     _spec(task, difficulty, tasks_module)
+    require_sandbox()
     source = _job_dir(job_dir).resolve()
     if max_steps is not None:
         source = _with_max_steps(source, max_steps)

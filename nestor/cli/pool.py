@@ -10,7 +10,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+from nestor.cli.common import (
+    JsonOpt,
+    TasksModuleOpt,
+    console,
+    fail,
+    print_json,
+    registry,
+    require_sandbox,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Warm worker pools: run jobs locally or on Ray.")
 
@@ -68,6 +76,7 @@ def run(
         registry(tasks_module).get(task)
     except TaskError as exc:
         fail(str(exc))
+    require_sandbox()  # the jobs run agent code: stop now if it would be refused
     names = [f"{i}-{d.resolve().name}" for i, d in enumerate(job_dirs)]
     requests = [JobRequest(job_dir=d.resolve(), task_id=task, difficulty=difficulty,
                            timeout_s=timeout, tasks_modules=list(tasks_module or []),

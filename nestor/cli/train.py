@@ -11,7 +11,15 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+from nestor.cli.common import (
+    JsonOpt,
+    TasksModuleOpt,
+    console,
+    fail,
+    print_json,
+    registry,
+    require_sandbox,
+)
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
 
@@ -155,6 +163,7 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
     from nestor.outer.tracking import TrackingError
     from nestor.pool.base import PoolError
 
+    require_sandbox()  # the pool runs agent code: stop now, in one line, if it would be refused
     view = LiveView(run_dir)
     reg = registry(tasks_module)
     try:

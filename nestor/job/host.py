@@ -5,9 +5,11 @@ only the standard library and verifiers — never nestor. One request per stdin 
 object per stdout line; every reply has `ok`, failures carry `stage` and `error` (a message the
 job's author can act on).
 
-The process is a zygote: it imports verifiers once (seconds), then serves one job after another,
-each in a forked child, so every job starts from the same clean interpreter and none pays for
-the import. The zygote answers `hello` and `job`; the job's child answers the rest:
+The process is a zygote: it imports verifiers (seconds) before its job arrives, so the job does
+not wait for the import, then serves that one job in a forked child (the trusted side starts a
+fresh host, in a fresh sandbox, for every job; a second job is refused). The zygote is not
+dumpable, so the job's processes cannot read or write its memory. The zygote answers `hello`
+and `job`; the job's child answers the rest:
 
   {"cmd": "hello", "nonce": x}          -> versions, import time; x echoed (a stream check)
   {"cmd": "job", "dir": DIR, "cpu_s": c, "memory_mb": m}
@@ -19,7 +21,7 @@ the import. The zygote answers `hello` and `job`; the job's child answers the re
                                         -> rewards [float|null], errors [str|null],
                                            components [{name: score}], elapsed_s
   {"cmd": "end"}                        -> the child exits; the zygote reaps it, kills what it
-                                           left running, replies {"ended"}, serves the next job
+                                           left running, replies {"ended"}
 
 If the child dies mid-request (a CPU limit, os._exit in the job), the zygote answers for it
 with stage "died". The job's prints would corrupt the protocol, so fd 1 is moved to a private
@@ -419,7 +421,19 @@ def _lower_limits(req: dict) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (_cap(soft, want), _cap(hard, want)))
 
 
+def _not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: processes of the same uid (the job's) cannot open our /proc/<pid>/mem,
+    fds or environ, nor ptrace us (seccomp refuses that anyway)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
+
+
 def zygote() -> None:
+    served: list[str] = []  # one job per host: the trusted side starts a new host per job
     while (line := read_line()) is not None:
         try:
             req = json.loads(line)
@@ -436,12 +450,17 @@ def zygote() -> None:
         if cmd != "job":
             reply({"ok": False, "stage": "host", "error": f"no job is open for {cmd!r}"})
             continue
+        job_dir = str(req.get("dir", ""))
+        if served and job_dir != served[0]:
+            reply({"ok": False, "stage": "host", "error": "this host serves one job only"})
+            continue
+        served[:] = [job_dir]
         pid = os.fork()
         if pid == 0:
             code = END_CODE
             try:
                 _lower_limits(req)
-                serve_job(str(req.get("dir", "")))
+                serve_job(job_dir)
             except BaseException:  # noqa: BLE001 - the child must never return into the zygote
                 code = 1
             finally:
@@ -481,6 +500,7 @@ def main() -> None:
     # shared copy-on-write with the forked children.
     gc.collect()
     gc.freeze()
+    _not_dumpable()
     zygote()
 
 

@@ -6,10 +6,13 @@ rewards for completions. The validation probe and the GRPO trainer's reward serv
 it. Every failure of the job's code, or of the child, comes back as a `TaskSourceError` whose
 `stage` says which part of the job to fix.
 
-The host is a zygote (see host.py): it pays the seconds of `import verifiers` once and forks a
-fresh child per job. Idle zygotes are kept for reuse (`warm=True`); `prewarm()` starts one
-ahead of time. A zygote whose job misbehaved badly enough to need killing (a timeout) is
-discarded with it.
+One sandbox per job: a host (see host.py) pays the seconds of `import verifiers` ahead of time,
+then serves exactly one job, in a child it forks, and is killed with everything in its sandbox
+(bwrap's pid namespace) when the job closes. Nothing that ran a job's code — process, uid,
+memory, /tmp, protocol pipes — ever serves another job. Speed comes from starting hosts early:
+`prewarm()` starts one, and a warm `JobTaskSource` that used one starts its successor on
+close, so the next job (the next probe of an episode, the next job of a pool worker) finds a
+host that is ready. A host that never opened its job goes back to the idle list.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ HOST_SCRIPT = Path(__file__).with_name("host.py")
 HOST_IN = "/opt/nestor/host.py"
 JOBS_IN = "/jobs"
 MAX_TASKS = 20_000
-MAX_IDLE = 2  # idle zygotes kept per process
+MAX_IDLE = 2  # idle (never used) hosts kept per process
+# The host's replies: one small JSON object, at most this deep ({"tasks": [{"prompt": ...}]}).
+MAX_REPLY_DEPTH = 4
 HOST_NAME = "the taskset host"
 GRACE_S = 3.0  # the sandbox's timeout past a request's own: time for the zygote to report
 
@@ -89,7 +94,7 @@ class _Zygote:
             process = SandboxedProcess(
                 [sys.executable, "-I", HOST_IN],
                 ro_binds={str(HOST_SCRIPT): HOST_IN, str(stage): JOBS_IN},
-                limits=limits, cwd="/tmp", name=HOST_NAME)
+                limits=limits, cwd="/tmp", name=HOST_NAME, max_depth=MAX_REPLY_DEPTH)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
@@ -111,7 +116,8 @@ class _Zygote:
         return self.hello
 
     def close(self) -> None:
-        self.process.close()
+        # No grace: the host served its one job; SIGKILL its group (and so its pid namespace).
+        self.process.close(grace_s=0.0)
         shutil.rmtree(self.stage, ignore_errors=True)
 
 
@@ -119,12 +125,21 @@ _idle: list[_Zygote] = []
 _idle_lock = threading.Lock()
 
 
+# CPU the host spends before its job arrives (interpreter, `import verifiers`, warm-up), on top
+# of the job's own whole-sandbox CPU bound.
+HOST_START_CPU_S = 30.0
+
+
 def host_limits(limits: Limits) -> Limits:
-    """The zygote's own limits: CPU and memory as generous as any job's (each job's child
-    lowers them to its own), so one warm host serves probes and training alike."""
-    return limits.model_copy(update={"cpu_s": max(limits.cpu_s, TRAIN_LIMITS.cpu_s),
-                                     "memory_mb": max(limits.memory_mb, TRAIN_LIMITS.memory_mb),
-                                     "wall_s": TRAIN_LIMITS.wall_s})
+    """The host's own limits: per-process CPU and memory as generous as any job's (the job's
+    child lowers them to its own); the sandbox as a whole (every process of the job together)
+    is bound by the job's figures, plus the host's start-up CPU."""
+    return limits.model_copy(update={
+        "cpu_s": max(limits.cpu_s, TRAIN_LIMITS.cpu_s),
+        "memory_mb": max(limits.memory_mb, TRAIN_LIMITS.memory_mb),
+        "wall_s": TRAIN_LIMITS.wall_s,
+        "sandbox_cpu_s": limits.total_cpu_s() + HOST_START_CPU_S,
+        "sandbox_memory_mb": limits.total_memory_mb()})
 
 
 def _acquire(limits: Limits, warm: bool) -> _Zygote:
@@ -143,12 +158,23 @@ def _acquire(limits: Limits, warm: bool) -> _Zygote:
 
 
 def _release(z: _Zygote, keep: bool) -> None:
+    """keep: the host never ran job code and may serve another job."""
     if keep and z.alive:
         with _idle_lock:
             if len(_idle) < MAX_IDLE:
                 _idle.append(z)
                 return
     z.close()
+
+
+def _replenish(limits: Limits) -> None:
+    """Start the successor of a host that served its job, unless an idle one is there. In the
+    caller's thread (a Popen, milliseconds): bwrap's --die-with-parent is a parent-death signal
+    tied to the spawning *thread*, so a host spawned from a short-lived thread would die with it."""
+    if sys.is_finalizing():
+        return
+    with contextlib.suppress(Exception):  # only a head start: a real start reports trouble
+        prewarm(limits)
 
 
 def prewarm(limits: Limits = TRAIN_LIMITS, *, wait: bool = False,
@@ -203,7 +229,8 @@ class JobTaskSource:
         self.timings: dict[str, float] = {}
         self.info: dict = {}
         self._tasks: list[dict] | None = None
-        self._imported = self._opened = self._broken = False
+        self._imported = self._opened = self._broken = self._used = False
+        self._warm = warm
         self._zygote = _acquire(limits, warm)
         self._staged = self._zygote.stage / uuid.uuid4().hex
         try:
@@ -217,21 +244,12 @@ class JobTaskSource:
         z, self._zygote = self._zygote, None
         if z is None:
             return
-        keep = not self._broken and z.alive
-        if keep:
-            # End the job's child, then check that the reply stream is in step (a job that
-            # wrote stray lines on the protocol would desynchronise the next job): a zygote
-            # that fails either is not reused.
-            nonce = uuid.uuid4().hex
-            try:
-                ended = z.process.request({"cmd": "end"}, timeout_s=self.timeouts.end_s)
-                echo = z.process.request({"cmd": "hello", "nonce": nonce},
-                                         timeout_s=self.timeouts.end_s)
-                keep = bool(ended.get("ended")) and echo.get("nonce") == nonce
-            except SandboxError:
-                keep = False
+        # A host that opened the job ran its code: it is killed, never reused (one sandbox per
+        # job); one that never did goes back to the idle list.
         shutil.rmtree(self._staged, ignore_errors=True)
-        _release(z, keep)
+        _release(z, keep=not self._used and not self._broken)
+        if self._used and self._warm:
+            _replenish(self.limits)
 
     def __enter__(self) -> JobTaskSource:
         return self
@@ -242,6 +260,13 @@ class JobTaskSource:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+    def _malformed(self, stage: str, message: str):
+        """A reply of the wrong shape: the host's stream is not ours any more; end it."""
+        self._broken = True
+        if self._zygote is not None:
+            self._zygote.process.close(grace_s=0.0)
+        raise TaskSourceError(stage, message)
 
     def stderr_tail(self, n_chars: int = 1500) -> str:
         return self._zygote.process.stderr_tail(n_chars) if self._zygote else ""
@@ -283,6 +308,7 @@ class JobTaskSource:
                                                        self.timeouts.start_s)) from None
             finally:
                 self.timings["host"] = time.perf_counter() - t0
+            self._used = True  # from here on the host may run job code
             self._request("host", {"cmd": "job", "dir": self._zygote.path_inside(self._staged),
                                    "cpu_s": self.limits.cpu_s,
                                    "memory_mb": self.limits.memory_mb}, self.timeouts.start_s)
@@ -310,9 +336,8 @@ class JobTaskSource:
                     isinstance(t, dict) and isinstance(t.get("prompt"), str)
                     and all(isinstance(t.get(k), str | None) for k in ("answer", "system_prompt"))
                     for t in tasks):
-                self._broken = True
-                raise TaskSourceError("load", "the host sent a malformed task list (did the job "
-                                      "write to the protocol fd?)")
+                self._malformed("load", "the host sent a malformed task list (did the job "
+                                "write to the protocol fd?)")
             self._tasks = tasks
             self.info["truncated"] = bool(reply.get("truncated"))
         return self._tasks
@@ -336,15 +361,16 @@ class JobTaskSource:
             items.append({"task": int(i), "completion": str(text)})
         reply = self._request("score", {"cmd": "score", "items": items},
                               timeout_s or self.timeouts.score_s)
-        if not all(len(reply.get(k, ())) == len(items) for k in ("rewards", "errors", "components")):
-            raise TaskSourceError("score", f"the host answered {len(items)} items with a reply "
-                                  "of another length (did the job write to the protocol fd?)")
+        if not all(isinstance(reply.get(k), list) and len(reply[k]) == len(items)
+                   for k in ("rewards", "errors", "components")):
+            self._malformed("score", f"the host answered {len(items)} items with a reply of "
+                            "another shape (did the job write to the protocol fd?)")
         try:
             rewards = [None if r is None else float(r) for r in reply["rewards"]]
             return ScoreBatch(rewards, [None if e is None else str(e) for e in reply["errors"]],
                               [dict(c) for c in reply["components"]], float(reply["elapsed_s"]))
         except (TypeError, ValueError, KeyError) as exc:
-            raise TaskSourceError("score", f"the host sent a malformed reply: {exc}") from None
+            self._malformed("score", f"the host sent a malformed reply: {exc}")
 
     def score(self, task_indices: list[int], completions: list[str]) -> list[float]:
         """Rewards in [0, 1], one per completion; TaskSourceError("score") if any is not."""

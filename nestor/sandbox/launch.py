@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nestor.sandbox.backend import (
+    UNAVAILABLE,
     UNSHARE_ARGS,
     Binds,
     bwrap_args,
@@ -26,9 +27,11 @@ from nestor.sandbox.backend import (
     seccomp_fd,
     setpriv_args,
     share_read_only,
+    unavailable_reason,
     world_accessible,
 )
-from nestor.sandbox.limits import Limits
+from nestor.sandbox.bounds import WATCHDOG, Watch
+from nestor.sandbox.limits import Limits, SandboxUnavailable
 
 CHUNK = 1 << 16
 # Beyond this many times the output cap the child is killed rather than drained for ever.
@@ -48,6 +51,13 @@ class Launch:
     host_tmp: str | None  # private tmp dir of the fallback backends, removed afterwards
     pass_fds: tuple[int, ...] = ()  # the seccomp filter's memfd, closed once spawned
     killed: bool = False  # kill() ran: never signal the (possibly reused) pgid again
+    limits: Limits | None = None
+    watch: Watch | None = None  # the whole-sandbox CPU and memory bound (bounds.py)
+
+    @property
+    def breach(self) -> str | None:
+        """Why the watchdog killed the sandbox, if it did."""
+        return self.watch.breached if self.watch else None
 
 
 def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str, str] | None,
@@ -55,7 +65,7 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
     """The wrapped command line for argv under the backend in use here."""
     if not argv:
         raise ValueError("run_sandboxed: empty argv")
-    backend = detect_backend()
+    backend = require_backend()
     pairs = normalize_binds(binds)
     env = sandbox_env(env)
     root = os.geteuid() == 0
@@ -70,7 +80,7 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
         if uid is not None:
             cmd += setpriv_args(uid)
         return Launch(cmd + [str(a) for a in argv], env, None, backend, uid, None,
-                       () if fd is None else (fd,))
+                      () if fd is None else (fd,), limits=limits)
 
     # Fallbacks cannot remap paths: strings naming a sandbox path are rewritten to the host path.
     host_tmp = tempfile.mkdtemp(prefix="nestor-sandbox-")
@@ -91,7 +101,16 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
         uid = pick_uid()
         cmd += setpriv_args(uid)
     host_cwd = translate(cwd, pairs) if cwd else host_tmp
-    return Launch(cmd + argv, env, host_cwd, backend, uid, host_tmp)
+    return Launch(cmd + argv, env, host_cwd, backend, uid, host_tmp, limits=limits)
+
+
+def require_backend() -> str:
+    """The backend agent code runs under here; SandboxUnavailable (one line: why, and how to fix
+    it) where bubblewrap cannot start and no weaker backend was opted in to by name."""
+    backend = detect_backend()
+    if backend == UNAVAILABLE:
+        raise SandboxUnavailable(unavailable_reason())
+    return backend
 
 
 def own_process_count() -> int:
@@ -125,7 +144,7 @@ def translate(value: str, pairs: list[tuple[str, str]]) -> str:
 
 def spawn(launch: Launch, stdin_pipe: bool) -> subprocess.Popen:
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             launch.cmd, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=launch.env,
             cwd=launch.host_cwd, start_new_session=True, close_fds=True, bufsize=0,
@@ -134,12 +153,19 @@ def spawn(launch: Launch, stdin_pipe: bool) -> subprocess.Popen:
         for fd in launch.pass_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+    if launch.limits is not None:
+        launch.watch = WATCHDOG.watch(proc.pid, launch.limits.total_cpu_s(),
+                                      launch.limits.total_memory_mb(),
+                                      lambda why: kill(proc, launch))
+    return proc
 
 
 def kill(proc: subprocess.Popen, launch: Launch) -> None:
     """SIGKILL the child's whole process group (with bubblewrap: its pid namespace dies with it),
     then, in the fallbacks, every process of the child's private uid (catches setsid escapees)."""
-    if launch.killed:
+    if launch.killed:  # e.g. by the bounds watchdog: still reap, so returncode is set
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
         return
     launch.killed = True
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -172,6 +198,8 @@ def kill_by_token(needle: bytes) -> None:
 
 
 def cleanup(launch: Launch) -> None:
+    if launch.watch is not None:
+        WATCHDOG.unwatch(launch.watch)
     if launch.host_tmp:
         shutil.rmtree(launch.host_tmp, ignore_errors=True)
 

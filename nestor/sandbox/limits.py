@@ -10,6 +10,12 @@ class SandboxError(RuntimeError):
     paragraph meant for a person or an agent: what happened, then the tail of the child's stderr."""
 
 
+class SandboxUnavailable(RuntimeError):
+    """No sandbox strong enough for agent code here (bubblewrap cannot start and the user did not
+    opt in to a weaker backend by name). Deliberately not a SandboxError: it is not the job's
+    fault, so validation and training stop with this one line instead of failing a job."""
+
+
 class Limits(BaseModel):
     """Resource limits applied to one sandboxed child (and everything it forks)."""
 
@@ -32,6 +38,20 @@ class Limits(BaseModel):
         1_000_000, ge=1024, le=1 << 30,
         description="Bytes kept of stdout and of stderr each; beyond 16x this the child is killed.")
     tmp_mb: int = Field(64, ge=1, le=65_536, description="Size of the private tmpfs at /tmp.")
+    sandbox_cpu_s: float | None = Field(
+        None, gt=0, le=1_000_000,
+        description="CPU seconds of all the sandbox's processes together (None: 2 x cpu_s); "
+        "past it the whole sandbox is killed.")
+    sandbox_memory_mb: int | None = Field(
+        None, ge=64, le=1_048_576,
+        description="Memory (Pss) of all the sandbox's processes together, MiB (None: "
+        "memory_mb); past it the whole sandbox is killed.")
+
+    def total_cpu_s(self) -> float:
+        return self.sandbox_cpu_s if self.sandbox_cpu_s is not None else 2.0 * self.cpu_s
+
+    def total_memory_mb(self) -> int:
+        return self.sandbox_memory_mb if self.sandbox_memory_mb is not None else self.memory_mb
 
 
 class SandboxResult(BaseModel):

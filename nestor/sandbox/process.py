@@ -30,15 +30,19 @@ class SandboxedProcess:
     """A long-lived sandboxed child speaking JSON lines: one request object per line on its
     stdin, one response object per line on its stdout; stderr is kept as a rolling tail.
 
-    Any timeout, exit or non-JSON reply kills the process group and raises SandboxError; the
-    process is then dead and every later request raises too. Thread-safe (one request at a time).
+    Any timeout, exit, or reply that is not one JSON object of at most `max_reply_bytes` and
+    `max_depth` levels of nesting kills the process group and raises SandboxError; the process
+    is then dead and every later request raises too. Thread-safe (one request at a time).
     """
 
     def __init__(self, argv: Sequence[str], *, ro_binds: Binds = None,
                  limits: Limits | None = None, env: Mapping[str, str] | None = None,
-                 cwd: str | None = None, name: str = "sandboxed process") -> None:
+                 cwd: str | None = None, name: str = "sandboxed process",
+                 max_reply_bytes: int | None = None, max_depth: int = 8) -> None:
         self.limits = limits or Limits()
         self.name = name
+        self.max_reply_bytes = max_reply_bytes or OVERFLOW_FACTOR * self.limits.output_bytes
+        self.max_depth = max_depth
         self._launch = prepare(argv, ro_binds, self.limits, env, cwd)
         self._lock = threading.Lock()
         self._buf = bytearray()
@@ -84,20 +88,26 @@ class SandboxedProcess:
                 line = self._read_line(deadline, timeout_s)
             try:
                 reply = json.loads(line)
-            except ValueError:
+            except RecursionError:  # deep nesting must not surface as a bug of ours
+                self._fail(f"replied with JSON nested more than {self.max_depth} levels deep")
+            except ValueError:  # UnicodeDecodeError and huge integers included
                 self._fail(f"replied with something that is not JSON: {_preview(line)}")
             if not isinstance(reply, dict):
                 self._fail(f"replied with JSON that is not an object: {_preview(line)}")
+            if _depth_over(reply, self.max_depth):
+                self._fail(f"replied with JSON nested more than {self.max_depth} levels deep")
             return reply
 
-    def close(self) -> None:
-        """Ask the child to stop (close its stdin), then kill its process group."""
+    def close(self, grace_s: float = 1.0) -> None:
+        """Ask the child to stop (close its stdin), wait up to grace_s, then kill its process
+        group (with bubblewrap: its whole pid namespace)."""
         if self._dead is None:
             self._dead = "closed"
         with contextlib.suppress(OSError, ValueError):
             self._proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=1.0)
+        if grace_s > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=grace_s)
         kill(self._proc, self._launch)
         self._stderr_thread.join(timeout=1.0)
         for stream in (self._proc.stdout, self._proc.stderr):
@@ -154,7 +164,7 @@ class SandboxedProcess:
 
     def _read_line(self, deadline: float, timeout_s: float) -> bytes:
         fd = self._proc.stdout.fileno()
-        max_line = OVERFLOW_FACTOR * self.limits.output_bytes
+        max_line = self.max_reply_bytes
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while True:
@@ -194,6 +204,8 @@ class SandboxedProcess:
         rc = self._proc.poll()
         if rc is None:
             self._fail("closed its stdout")
+        if self._launch.breach:
+            self._fail(f"was killed: it {self._launch.breach}")
         rc = returncode(rc, self._launch.backend)
         stderr = b"".join(self._stderr).decode("utf-8", errors="replace")
         self._fail(describe_exit(rc, self.limits, stderr) or "exited (code 0)")
@@ -206,6 +218,21 @@ class SandboxedProcess:
         tail = self.stderr_tail()
         raise SandboxError(f"{self.name} {what}" + (f"; its stderr ends with:\n{tail}"
                                                      if tail else "; it wrote nothing to stderr"))
+
+
+def _depth_over(obj, limit: int) -> bool:
+    """Whether obj nests containers more than `limit` deep (iterative: no recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in item if isinstance(child, dict | list))
+    return False
 
 
 def _preview(line: bytes, n: int = 200) -> str:

@@ -22,6 +22,7 @@ from nestor.sandbox.launch import (
     kill,
     nproc_enforced,
     prepare,
+    require_backend,
     returncode,
     spawn,
 )
@@ -29,15 +30,22 @@ from nestor.sandbox.limits import Limits, SandboxError, SandboxResult
 from nestor.sandbox.process import SandboxedProcess
 
 __all__ = ["Limits", "SandboxError", "SandboxResult", "SandboxedProcess", "nproc_enforced",
-           "run_sandboxed", "sandbox_backend"]
+           "require_sandbox", "run_sandboxed", "sandbox_backend"]
 
 # After the main child exits, how long leftover writers may keep the pipes open.
 _DRAIN_GRACE_S = 0.5
 
 
 def sandbox_backend() -> str:
-    """The isolation in use here: "bubblewrap", "unshare" or "rlimits" (weaker: logged once)."""
+    """The isolation in use here: "bubblewrap", "unshare" or "rlimits" (weaker, opted in to by
+    name: logged once per run), or "none" where agent code will be refused."""
     return detect_backend()
+
+
+def require_sandbox() -> str:
+    """The backend in use; raises SandboxUnavailable (one actionable line) where agent code
+    would be refused. Commands that will run agent code call this first, to stop early."""
+    return require_backend()
 
 
 def run_sandboxed(
@@ -84,7 +92,9 @@ def run_sandboxed(
     rc = returncode(proc.returncode, launch.backend)
     stdout, stderr = _decode(out, totals[0], limits), _decode(err, totals[1], limits)
     truncated = max(totals) > limits.output_bytes
-    if timed_out:
+    if launch.breach:
+        reason = f"killed: it {launch.breach}"
+    elif timed_out:
         reason = f"wall-clock timeout after {limits.wall_s:g} s (process group killed)"
     elif overflow:
         reason = (f"printed more than {OVERFLOW_FACTOR * limits.output_bytes} bytes "

@@ -1,13 +1,21 @@
-"""A small seccomp filter for the bubblewrap child (x86-64 only), passed to `bwrap --seccomp`.
+"""The seccomp filter of the bubblewrap child (x86-64 only), passed to `bwrap --seccomp`.
 
-Why: the child is an unprivileged uid, but unprivileged user namespaces are enabled on most
-kernels, and inside one it would regain (namespaced) capabilities and reach much more kernel
-surface. The filter refuses: creating user namespaces (clone with CLONE_NEWUSER, unshare,
-clone3 — the latter with ENOSYS so that glibc falls back to clone), mounting, setns, ptrace,
-keyrings, bpf, perf events, userfaultfd, io_uring, module and kexec loading, personality;
-and kills a process that uses the 32-bit or x32 syscall ABIs to get around the filter.
-Everything else is allowed: this is a seatbelt on top of namespaces and rlimits, not a
-whitelist.
+Why: the child is an unprivileged uid in empty namespaces, but the kernel surface it can reach
+is large. The filter:
+- kills a process that uses the 32-bit or x32 syscall ABIs (they would get around it);
+- allows `socket`/`socketpair` for AF_UNIX only (asyncio's self-pipe, multiprocessing); every
+  other family — AF_INET (the netns is empty anyway), AF_NETLINK, AF_PACKET, AF_VSOCK, AF_ALG,
+  AF_BLUETOOTH... — gets EAFNOSUPPORT, which Python handles like "no network";
+- refuses (EPERM) new namespaces (unshare, setns, clone with any CLONE_NEW* flag; clone3 gets
+  ENOSYS so that glibc falls back to clone, whose flags a filter can read), cross-process
+  memory and fd access (ptrace, process_vm_readv/writev, pidfd_getfd, kcmp, process_madvise,
+  process_mrelease, move_pages, migrate_pages), the mount family, keyrings, bpf, perf events,
+  userfaultfd, io_uring, fanotify, handle-based opens, module and kexec loading, and the
+  host-administration calls (reboot, swap, clock and hostname setting, acct, quotactl,
+  syslog, iopl/ioperm, modify_ldt, chroot, personality...).
+Everything else is allowed: what an interpreter, verifiers and a rubric need (files, threads,
+fork/exec, mmap, futex, epoll, signals). A true allowlist would have to track every libc and
+numpy release; the refusals above are the review of the x86-64 table (see docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -19,16 +27,34 @@ import struct
 
 AUDIT_ARCH_X86_64 = 0xC000003E
 X32_SYSCALL_BIT = 0x40000000
-CLONE_NEWUSER = 0x10000000
+CLONE_NEW_ANY = (0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000  # time, ns,
+                 | 0x10000000 | 0x20000000 | 0x40000000)  # cgroup, uts, ipc, user, pid, net
+AF_UNIX = 1
 
-NR_CLONE, NR_CLONE3 = 56, 435
-DENIED = {  # x86-64 syscall numbers
-    "ptrace": 101, "personality": 135, "pivot_root": 155, "mount": 165, "umount2": 166,
-    "init_module": 175, "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250,
-    "unshare": 272, "perf_event_open": 298, "setns": 308, "finit_module": 313, "bpf": 321,
+NR_CLONE, NR_CLONE3, NR_SOCKET, NR_SOCKETPAIR = 56, 435, 41, 53
+DENIED = {  # x86-64 syscall numbers, refused with EPERM
+    # other processes' memory, fds and state
+    "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
+    "pidfd_getfd": 438, "process_madvise": 440, "process_mrelease": 448,
+    "move_pages": 279, "migrate_pages": 256,
+    # namespaces and mounts
+    "unshare": 272, "setns": 308, "pivot_root": 155, "chroot": 161, "mount": 165,
+    "umount2": 166, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+    "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    # kernel attack surface an interpreter never needs
+    "add_key": 248, "request_key": 249, "keyctl": 250, "bpf": 321, "perf_event_open": 298,
     "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
-    "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    "io_uring_register": 427, "fanotify_init": 300, "name_to_handle_at": 303,
+    "open_by_handle_at": 304, "lookup_dcookie": 212, "personality": 135, "modify_ldt": 154,
+    "uselib": 134, "ustat": 136, "sysfs": 139, "_sysctl": 156, "vhangup": 153,
+    # host administration
+    "syslog": 103, "adjtimex": 159, "settimeofday": 164, "clock_settime": 227,
+    "clock_adjtime": 305, "acct": 163, "swapon": 167, "swapoff": 168, "reboot": 169,
+    "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173, "quotactl": 179,
+    "quotactl_fd": 443, "nfsservctl": 180,
+    # modules and kexec
+    "create_module": 174, "init_module": 175, "delete_module": 176, "get_kernel_syms": 177,
+    "query_module": 178, "finit_module": 313, "kexec_load": 246, "kexec_file_load": 320,
 }
 
 # classic BPF opcodes and seccomp return values
@@ -52,10 +78,16 @@ def filter_program() -> bytes:
         *[(None, JEQ, nr, "eperm", None) for nr in sorted(DENIED.values())],
         (None, JEQ, NR_CLONE3, "enosys", None),
         (None, JEQ, NR_CLONE, "clone", None),
+        (None, JEQ, NR_SOCKET, "socket", None),
+        (None, JEQ, NR_SOCKETPAIR, "socket", None),
         ("allow", RET, RET_ALLOW, None, None),
         ("clone", LD_ABS, OFF_ARG0, None, None),  # low 32 bits of the flags
-        (None, JSET, CLONE_NEWUSER, "eperm", None),  # BPF jumps only go forward:
+        (None, JSET, CLONE_NEW_ANY, "eperm", None),  # BPF jumps only go forward:
         (None, RET, RET_ALLOW, None, None),  # a second "allow"
+        ("socket", LD_ABS, OFF_ARG0, None, None),  # the address family (an int)
+        (None, JEQ, AF_UNIX, None, "eafnosupport"),
+        (None, RET, RET_ALLOW, None, None),
+        ("eafnosupport", RET, RET_ERRNO | errno.EAFNOSUPPORT, None, None),
         ("eperm", RET, RET_ERRNO | errno.EPERM, None, None),
         ("enosys", RET, RET_ERRNO | errno.ENOSYS, None, None),
         ("kill", RET, RET_KILL_PROCESS, None, None),

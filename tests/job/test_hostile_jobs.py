@@ -1,15 +1,17 @@
 """Hostile or broken job code ends as a failed check with a clear message, within its time
 limit, and the harness (and the next job) carry on."""
 
+import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 import nestor.tasks
-from nestor.job.tasksource import Timeouts
-from nestor.job.validate import validate_job
+from nestor.job.tasksource import Timeouts, prewarm
+from nestor.job.validate import PROBE_LIMITS, validate_job
 from nestor.sandbox import sandbox_backend
 from nestor.tasks import TaskRegistry
 
@@ -63,6 +65,9 @@ def make_job(root: Path, *, at_import: str = "", in_load: str = "pass",
 
 def check(job: Path, name: str, *needles: str, within_s: float = 20.0,
           timeouts: Timeouts = SHORT):
+    # One sandbox per job: every probe needs a fresh host. Start it first, so that the time
+    # measured is the job's (a host start-up on a loaded machine is not what is tested here).
+    prewarm(PROBE_LIMITS, wait=True)
     t0 = time.monotonic()
     report = validate_job(job, SPEC, timeouts=timeouts, dry_run=False)
     elapsed = time.monotonic() - t0
@@ -167,3 +172,100 @@ def test_taskset_count(tmp_path, exports, needle):
                                          ("os._exit(3)", "exited with code 3")])
 def test_exits_at_import(tmp_path, code, needle):
     check(make_job(tmp_path / "j", at_import=code), "imports", needle)
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _gone(marker: str, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _processes_with(marker)
+
+
+ATTACK_PARENT = '''
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+ppid, found = os.getppid(), []
+for what in ("mem", "environ", "fd/0", "fd/1"):
+    try:
+        open(f"/proc/{ppid}/{what}", "r+b" if what == "mem" else "rb").close()
+        found.append(what + ":OPENED")
+    except OSError as e:
+        found.append(what + ":" + type(e).__name__)
+for name, nr in (("process_vm_writev", 311), ("pidfd_getfd", 438), ("ptrace", 101)):
+    libc.syscall(nr, ppid, 0, 0, 0, 0, 0)
+    found.append(name + ":" + errno.errorcode.get(ctypes.get_errno(), "0"))
+raise RuntimeError("ATTACK " + " ".join(found))
+'''
+
+
+@needs_bwrap
+def test_job_cannot_reach_its_hosts_memory_or_fds(tmp_path):
+    message = check(make_job(tmp_path / "j", at_import=ATTACK_PARENT), "imports", "ATTACK")
+    results = dict(item.split(":") for item in message.split("ATTACK ")[1].split()[:7])
+    assert results == {"mem": "PermissionError", "environ": "PermissionError",
+                       "fd/0": "PermissionError", "fd/1": "PermissionError",
+                       "process_vm_writev": "EPERM", "pidfd_getfd": "EPERM",
+                       "ptrace": "EPERM"}, message
+
+
+# A daemon that outlives job A's child and answers every request on the host's streams with a
+# reward of 1: before one-sandbox-per-job, the next job would have been served by it.
+TAKEOVER = '''
+import __main__
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.dup2(__main__.PROTOCOL.fileno(), 1)
+        os.execve(sys.executable, [sys.executable, "-c", """
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    n = len(req.get("items", [])) or 1
+    print(json.dumps({"ok": True, "ended": True, "nonce": req.get("nonce"), "pid": 1,
+                      "rewards": [1.0] * n, "errors": [None] * n, "components": [{}] * n,
+                      "elapsed_s": 0.0}), flush=True)
+""", "MARKER"], {})
+    os._exit(0)
+'''
+
+
+@needs_bwrap
+def test_a_job_cannot_take_over_the_next_jobs_host(tmp_path):
+    from nestor.job.tasksource import JobTaskSource, TaskSourceError
+
+    marker = f"nestor-takeover-{uuid.uuid4().hex}"
+    job = make_job(tmp_path / "a", at_import=TAKEOVER.replace("MARKER", marker))
+    with JobTaskSource(job, timeouts=SHORT) as src:
+        try:
+            src.load()
+        except TaskSourceError:
+            pass  # the daemon may well garble job A's own replies: its own business
+        assert _processes_with(marker), "the daemon did not start"
+    assert _gone(marker), "job A's daemon outlived its sandbox"
+    with JobTaskSource(GOOD) as src:  # the next job: served by genuine code, honest rewards
+        assert src.score_batch([0, 0], ["bume", ""]).rewards == [1.0, 0.0]
+
+
+@needs_bwrap
+def test_background_spinners_forked_at_import_do_not_outlive_the_probe(tmp_path):
+    marker = f"nestor-spinner-{uuid.uuid4().hex}"
+    spin = (f"if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        os.execve(sys.executable, [sys.executable, '-c', 'while True: pass', "
+            f"'{marker}'], {{}})\n    os._exit(0)\n")
+    report = validate_job(make_job(tmp_path / "j", at_import=spin), SPEC, timeouts=SHORT,
+                          dry_run=False)
+    assert report.checks  # the probe ran (it may pass: the job itself is fine)
+    assert _gone(marker), "a spinner survived the probe"

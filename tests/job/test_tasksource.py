@@ -1,6 +1,8 @@
 """The sandboxed reward server: data out, rewards back, one clean child per job."""
 
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -39,8 +41,16 @@ def test_out_of_range_reward_raises_for_the_trainer(tmp_path):
         src.score([0], ["bume"])
 
 
-def test_jobs_share_a_warm_host_but_not_their_state(tmp_path):
-    """Job A leaves marks in its interpreter; job B, served next by the same zygote, sees none."""
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_each_job_gets_its_own_host_and_nothing_of_it_survives(tmp_path):
+    """Job A leaves marks in its interpreter; job B runs in another, fresh sandbox."""
     marker = "import builtins, os\nbuiltins.LEAK = 1\nos.environ['LEAK'] = '1'\n"
     a = _copy(tmp_path, "a", lambda s: marker + s)
     b = _copy(tmp_path, "b", lambda s: s.replace(
@@ -49,13 +59,27 @@ def test_jobs_share_a_warm_host_but_not_their_state(tmp_path):
         "'LEAK' in os.environ)"))
     with JobTaskSource(a) as src:
         src.load()
-        host_a = src._zygote
+        host_a, pid_a = src._zygote, src._zygote.process._proc.pid
+    assert not host_a.alive and not _pid_alive(pid_a)  # killed with its sandbox on close
+    deadline = time.monotonic() + 10
+    while not tasksource._idle and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any(z.alive for z in tasksource._idle)  # its successor is already starting
     with JobTaskSource(b) as src:
-        assert src._zygote is host_a  # reused: no second start-up
+        assert src._zygote is not host_a
         assert src.score_batch([0], ["x"]).components[0]["exact"] == 0.0
 
 
-def test_a_dead_child_keeps_its_host(tmp_path):
+def test_a_host_that_never_opened_its_job_is_kept(tmp_path):
+    with JobTaskSource(GOOD) as src:
+        host = src._zygote  # staged, never started: no job code ran in it
+    assert host.alive and host in tasksource._idle
+    with JobTaskSource(GOOD) as src:
+        assert src._zygote is host and len(src.prompts()) == 2000
+    assert not host.alive
+
+
+def test_a_dead_child_reopens_the_same_job(tmp_path):
     job = _copy(tmp_path, "exit", lambda s: "import os\nos._exit(3)\n" + s)
     with JobTaskSource(job) as src:
         with pytest.raises(TaskSourceError, match="exited with code 3") as err:
@@ -63,7 +87,7 @@ def test_a_dead_child_keeps_its_host(tmp_path):
         assert err.value.stage == "import"
         host = src._zygote
     with JobTaskSource(GOOD) as src:
-        assert src._zygote is host and len(src.prompts()) == 2000
+        assert src._zygote is not host and len(src.prompts()) == 2000
 
 
 def test_each_job_gets_its_own_cpu_limit(tmp_path):
@@ -75,9 +99,8 @@ def test_each_job_gets_its_own_cpu_limit(tmp_path):
     with JobTaskSource(spin, limits=limits, timeouts=Timeouts(load_s=30)) as src:
         with pytest.raises(TaskSourceError, match="CPU time limit"):
             src.load()
-        host = src._zygote
-    with JobTaskSource(GOOD) as src:  # the host itself keeps its generous allowance
-        assert src._zygote is host and src.score([0], ["bume"]) == [1.0]
+    with JobTaskSource(GOOD) as src:
+        assert src.score([0], ["bume"]) == [1.0]
 
 
 @pytest.mark.skipif(sandbox_backend() != "bubblewrap", reason="a private /tmp needs bubblewrap")
@@ -88,9 +111,7 @@ def test_the_next_job_finds_a_clean_tmp(tmp_path):
         "import os\n        return float(os.path.exists('/tmp/note'))"))
     with JobTaskSource(a) as src:
         src.load()
-        host = src._zygote
     with JobTaskSource(b) as src:
-        assert src._zygote is host
         assert src.score_batch([0], ["x"]).components[0]["exact"] == 0.0
 
 
@@ -103,3 +124,22 @@ def test_a_job_that_forges_replies_costs_its_host(tmp_path):
             src.load()
         forged_host = src._zygote
     assert forged_host not in tasksource._idle and not forged_host.alive
+
+
+@pytest.mark.parametrize("reply, needle", [
+    ("'[' * 200000", "nested more than"),  # RecursionError inside json, caught
+    ("'{\"a\": ' * 30 + '1' + '}' * 30", "nested more than"),  # parses; too deep for us
+    ("'{\"ok\": true, \"rewards\": 7, \"errors\": 7, \"components\": 7}'", "another shape"),
+])
+def test_a_hostile_reply_ends_the_host_with_a_clear_error(tmp_path, reply, needle):
+    code = ("import __main__\n__main__.PROTOCOL.write(" + reply + " + '\\n')\n"
+            "__main__.PROTOCOL.flush()\n")
+    job = _copy(tmp_path, "deep", lambda s: s.replace(
+        "return float(normalise(trace.last_reply) == self.data.answer)",
+        code.replace("\n", "\n        ") + "return 1.0"))
+    with JobTaskSource(job) as src:
+        src.load()
+        with pytest.raises(TaskSourceError) as err:
+            src.score_batch([0], ["x"])
+        assert err.value.stage == "score" and needle in str(err.value), str(err.value)
+        assert not src._zygote.alive  # that host is ended

@@ -272,3 +272,84 @@ def test_user_namespaces_and_ptrace_are_refused_but_processes_work():
     assert "unshare -1 1" in r.stdout and "ptrace -1 1" in r.stdout  # EPERM
     assert "cli 1" in r.stdout
     assert "thread ok" in r.stdout and "spawn ok" in r.stdout
+
+
+@requires_bwrap
+@pytest.mark.skipif(not seccomp.supported(), reason="the seccomp filter is x86-64 only")
+def test_only_unix_sockets_and_no_cross_process_memory_or_fd_calls():
+    r = run_py("""
+        import ctypes, errno, os, socket
+        for fam in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET", "AF_VSOCK",
+                    "AF_ALG"):
+            try:
+                socket.socket(getattr(socket, fam)).close()
+                print(fam, "OPENED")
+            except OSError as e:
+                print(fam, errno.errorcode[e.errno])
+        a, b = socket.socketpair()  # AF_UNIX: asyncio and multiprocessing need it
+        print("socketpair ok")
+        libc = ctypes.CDLL(None, use_errno=True)
+        for name, nr in (("process_vm_readv", 310), ("process_vm_writev", 311),
+                         ("pidfd_getfd", 438), ("kcmp", 312), ("setns", 308), ("bpf", 321),
+                         ("keyctl", 250), ("userfaultfd", 323), ("perf_event_open", 298),
+                         ("init_module", 175), ("kexec_load", 246), ("mount", 165),
+                         ("process_madvise", 440)):
+            print(name, libc.syscall(nr, os.getppid(), 0, 0, 0, 0, 0),
+                  errno.errorcode.get(ctypes.get_errno()))
+        print("clone-newnet", os.fork and libc.syscall(56, 0x40000000 | 17, 0, 0, 0, 0),
+              errno.errorcode.get(ctypes.get_errno()))
+    """)
+    assert r.ok, r
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert lines.pop("AF_UNIX") == "OPENED" and lines.pop("socketpair") == "ok"
+    for fam in ("AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET", "AF_VSOCK", "AF_ALG"):
+        assert lines.pop(fam) == "EAFNOSUPPORT", fam
+    assert lines and all(v == "-1 EPERM" for v in lines.values()), lines
+
+
+@requires_bwrap
+def test_a_double_forked_process_with_an_empty_environment_dies_with_the_sandbox(marker):
+    r = run_py("""
+        import os, sys, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execve(sys.executable, [sys.executable, "-c",
+                          "import time\\nwhile True: time.sleep(0.1)", sys.argv[1]], {})
+            os._exit(0)
+        time.sleep(0.5)
+        print("parent done")
+    """, marker, wall_s=10)
+    assert r.ok and "parent done" in r.stdout, r
+    assert_no_leftovers(marker)
+
+
+def test_one_cpu_bound_for_all_processes_of_a_sandbox(marker):
+    # each spinner is far below its own 30 s rlimit; together they pass the sandbox's 2 s
+    r = run_sandboxed([PY, "-c", textwrap.dedent("""
+        import os, time
+        for _ in range(3):
+            if os.fork() == 0:
+                while True: pass
+        while True: pass
+    """), marker], limits=Limits(cpu_s=30, sandbox_cpu_s=2, wall_s=30))
+    assert not r.ok and "of CPU over all its processes" in (r.reason or ""), r
+    assert r.elapsed_s < 15
+    assert_no_leftovers(marker)
+
+
+def test_one_memory_bound_for_all_processes_of_a_sandbox(marker):
+    # each process holds 150 MiB, under its own 1 GiB; four together pass the sandbox's 400
+    r = run_sandboxed([PY, "-c", textwrap.dedent("""
+        import os, time
+        for _ in range(3):
+            if os.fork() == 0:
+                break
+        hog = bytearray(150 << 20)
+        for i in range(0, len(hog), 4096):
+            hog[i] = 1
+        time.sleep(30)
+    """), marker], limits=Limits(memory_mb=1024, sandbox_memory_mb=400, wall_s=30))
+    assert not r.ok and "MiB over all its processes" in (r.reason or ""), r
+    assert r.elapsed_s < 20
+    assert_no_leftovers(marker)

@@ -143,13 +143,15 @@ def test_close_leaves_no_process(server_job, marker):
 def forced_backend(monkeypatch):
     def force(name):
         monkeypatch.setenv(backend_mod.BACKEND_ENV, name)
+        monkeypatch.setenv(backend_mod.WARNED_ENV, "0")  # so that teardown restores it
+        monkeypatch.delenv(backend_mod.WARNED_ENV)
         backend_mod.detect_backend.cache_clear()
     yield force
     backend_mod.detect_backend.cache_clear()
 
 
 def test_rlimits_fallback_translates_binds_and_warns_once(forced_backend, job_dir, caplog):
-    forced_backend("rlimits")
+    forced_backend("rlimits-unsafe")
     with caplog.at_level(logging.WARNING, logger="nestor.sandbox"):
         assert sandbox_backend() == "rlimits"
         assert sandbox_backend() == "rlimits"
@@ -164,7 +166,7 @@ def test_rlimits_fallback_translates_binds_and_warns_once(forced_backend, job_di
 @pytest.mark.skipif(backend_mod._probe(bubblewrap=False) is not None,
                     reason="unshare --net is not permitted here")
 def test_unshare_fallback_has_no_network(forced_backend):
-    forced_backend("unshare")
+    forced_backend("unshare-unsafe")
     r = run_sandboxed([PY, "-c", textwrap.dedent("""
         import socket
         try:
@@ -178,7 +180,7 @@ def test_unshare_fallback_has_no_network(forced_backend):
 
 def test_unknown_forced_backend_is_a_clear_error(forced_backend):
     forced_backend("docker")
-    with pytest.raises(ValueError, match="expected one of bubblewrap, unshare, rlimits"):
+    with pytest.raises(ValueError, match="expected one of bubblewrap, unshare-unsafe, rlimits-unsafe"):
         sandbox_backend()
 
 
