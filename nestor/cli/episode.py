@@ -104,9 +104,12 @@ def _print_summary(out: dict) -> None:
     con = Console()
     con.print(f"episode {out['episode_id']} on [bold]{out['task']}[/bold]: "
               f"end [bold]{out['end_reason']}[/bold] after {out['attempts']} attempt(s)")
-    con.print(f"reward {out['reward']:.4f} = improvement {c['improvement']:+.4f} "
-              f"+ w_valid × {c['validation_efficiency']:.3f} "
-              f"+ w_speed × {c['speed']:.3f}{'' if c['speed_counted'] else ' (not counted)'}")
+    terms = " + ".join(f"{k.removeprefix('weighted_')} {v:+.4f}" for k, v in c.items()
+                       if k.startswith("weighted_") and v)
+    con.print(f"reward {out['reward']:.4f} = {terms or '0'} (preset {c.get('preset', '?')}; "
+              f"uplift {c.get('improvement', 0.0):+.3f}, validation "
+              f"{c.get('validation_efficiency', 0.0):.3f}"
+              f"{'' if c.get('trained') else ', job did not train: no validation/speed pay'})")
     if out["result"]:
         r = out["result"]
         con.print(f"job {r['status']}: pre {r['pre_score']} → post {r['post_score']} "

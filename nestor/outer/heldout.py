@@ -5,7 +5,8 @@ with the current policy (arm "trained"), and once, cached, with the untrained po
 "untrained"). Their jobs are real (same pool, probe and hidden eval) and their cost counts;
 their episodes are recorded in the ledger under group ids "heldout:ARM:STEP", which the
 training loop never reads back. Rows go to RUN_DIR/heldout.jsonl:
-{step, arm, task, n, mean, ci95, cost_usd}.
+{step, arm, task, n, mean, ci95, values, cost_usd}; `values` holds every episode's reward, so
+intervals pooled over held-out tasks (nestor/report/findings.py) come from episodes, not means.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class HeldoutEval:
             recs = [r for r in records if r.task_id == task_id]
             mean, ci = mean_ci95([r.reward for r in recs])
             rows.append({"step": step, "arm": arm, "task": task_id, "n": len(recs),
-                         "mean": mean, "ci95": ci, "policy_version": policy.version,
+                         "mean": mean, "ci95": ci, "values": [r.reward for r in recs],
+                         "policy_version": policy.version,
                          "cost_usd": sum(r.result.cost_usd for r in recs if r.result)})
         return rows
