@@ -49,6 +49,10 @@ class EpisodeConfig(BaseModel):
                                  "also the scale of the speed tie-breaker.")
     difficulty: int = Field(0, ge=0, le=3, description="Task difficulty (input size level).")
     models: list[str] = Field(["tiny-s", "tiny-m"], description="Base models offered.")
+    prompt_style: Literal["full", "compact"] = Field(
+        "full", description="System prompt: the full job format and config surface (~4,200 "
+        "SmolLM2 tokens), or a compact one (one worked job: ~1,200, ~2,000 with the tool "
+        "schemas) for small-context models.")
     reward: RewardConfig = Field(default_factory=RewardConfig)
 
 
@@ -237,7 +241,8 @@ def run_episode(policy: Policy, spec: TaskSpec, pool: Any, ledger: Ledger,
     ep = _Episode(policy, spec, pool, ledger, cfg, episode_id)
     ep.log(Message("system", system_prompt(spec, models=cfg.models,
                                            token_budget=cfg.token_budget,
-                                           max_attempts=cfg.max_attempts)))
+                                           max_attempts=cfg.max_attempts,
+                                           style=cfg.prompt_style)))
     ep.log(Message("user", task_message(spec)))
     end = ep.run()
     rec = ep.rec

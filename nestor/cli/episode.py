@@ -19,7 +19,8 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="episode")
 
 
-def _make_policy(kind: str, checkpoint: Path | None, seed: int, budget: int, model: str):
+def _make_policy(kind: str, checkpoint: Path | None, seed: int, budget: int, model: str,
+                 max_new_tokens: int = 512):
     if kind == "composer":
         from nestor.policy.composer import Composer, ComposerConfig
 
@@ -32,7 +33,7 @@ def _make_policy(kind: str, checkpoint: Path | None, seed: int, budget: int, mod
     if kind == "lm":
         from nestor.policy.lm import LMPolicy
 
-        policy = LMPolicy.from_pretrained(model)
+        policy = LMPolicy.from_pretrained(model, max_new_tokens=max_new_tokens, seed=seed)
         if checkpoint is not None:
             policy.load(checkpoint)
         return policy
@@ -53,6 +54,11 @@ def run(
     seed: int = typer.Option(0, "--seed", min=0, help="Policy sampling seed."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Policy weights to load."),
     model: str = typer.Option("tiny-m", "--model", help="The lm policy's model."),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=16, max=8192,
+                                       help="lm: token cap per turn (a dataset file needs "
+                                       "hundreds)."),
+    prompt_style: str = typer.Option("full", "--prompt-style", help="full or compact (one "
+                                     "worked job; for small-context models like smollm2-135m)."),
     train: bool = typer.Option(True, "--train/--no-train",
                                help="Send a validated job to the pool (else stop there)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Local pool workers."),
@@ -69,9 +75,11 @@ def run(
     except TaskError as exc:
         fail(str(exc))
     run_dir = run_dir or Path("runs") / time.strftime("episode-%Y%m%d-%H%M%S")
-    pol = _make_policy(policy, checkpoint, seed, budget, model)
+    if prompt_style not in ("full", "compact"):
+        fail(f"--prompt-style {prompt_style!r}: choose full or compact")
+    pol = _make_policy(policy, checkpoint, seed, budget, model, max_new_tokens)
     cfg = EpisodeConfig(max_turns=max_turns, max_attempts=attempts, token_budget=budget,
-                        job_timeout_s=timeout, difficulty=difficulty)
+                        job_timeout_s=timeout, difficulty=difficulty, prompt_style=prompt_style)
     try:
         ledger = Ledger(run_dir)
     except LedgerError as exc:
