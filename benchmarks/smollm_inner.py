@@ -1,12 +1,14 @@
 """The inner loop on a real pretrained model: SmolLM2-135M-Instruct, LoRA and full fine-tune,
-on CPU, through the real `run_job` (the example good-<task> jobs, their sandboxed rubrics,
-the trusted hidden eval before and after), with the job's config.toml rewritten for the model.
+on CPU: the example good-<task> jobs (their data and sandboxed rubrics, served by the real
+`JobTaskSource`), their config.toml rewritten for the model and mode, trained by the real
+`GRPOTrainer` and scored by the trusted hidden eval before and after (`score_task`; `--n`
+items, so a shared laptop can afford it: a 200-item eval of this model costs ~2 CPU-minutes).
 
     .venv/bin/python benchmarks/smollm_inner.py [--tasks length vowels] [--modes lora full]
-        [--steps 5] [--prompts 8] [--group 4] [--threads 1]
+        [--steps 5] [--prompts 8] [--group 4] [--n 100] [--threads 1]
 
-Per run: hidden-eval accuracy before/after (200 items), wall and CPU seconds per step (the
-first, warm-up step left out), reward curve, share of zero-variance groups, and model FLOPs
+Per run: hidden-eval accuracy before/after, wall and CPU seconds per step (the first,
+warm-up step left out), reward curve, share of zero-variance groups, and model FLOPs
 utilisation against a float32 GEMM peak measured in this process at the start and the end
 (see benchmarks/mfu.py). The last line is one JSON object.
 """
@@ -14,6 +16,7 @@ utilisation against a float32 GEMM peak measured in this process at the start an
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -24,18 +27,21 @@ import warnings
 from pathlib import Path
 
 import tomli_w
+import torch
 from mfu import matmul_params, matmul_peak, step_flops
 
-from nestor.inner.run import WarmState, run_job
-from nestor.inner.types import JobRequest
-from nestor.job.config import load_job_config
+from nestor.inner.evaluate import score_task
+from nestor.inner.grpo import GRPOTrainer
+from nestor.job.config import JobConfig, load_job_config
+from nestor.job.tasksource import JobTaskSource
+from nestor.models.registry import load_model
 from nestor.models.testformat import test_format_ids
 
 JOBS = Path(__file__).resolve().parents[1] / "examples" / "jobs"
 LR = {"lora": 2e-3, "full": 5e-5}  # 135M: LoRA wants ~40x a full fine-tune's rate
 
 
-def prepared_job(task: str, mode: str, args, out: Path) -> Path:
+def prepared_job(task: str, mode: str, args, out: Path) -> tuple[Path, JobConfig]:
     """A copy of examples/jobs/good-<task> with its config set for this model and mode."""
     job = out / f"{task}-{mode}"
     shutil.copytree(JOBS / f"good-{task}", job)
@@ -44,7 +50,7 @@ def prepared_job(task: str, mode: str, args, out: Path) -> Path:
                group_size=args.group, lora_rank=16 if mode == "lora" else 0, lora_alpha=32,
                learning_rate=args.lr_lora if mode == "lora" else args.lr_full)
     (job / "config.toml").write_bytes(tomli_w.dumps(cfg).encode())
-    return job
+    return job, load_job_config(job / "config.toml")
 
 
 def mean_prompt_tokens(job: Path, tokenizer) -> float:
@@ -53,9 +59,9 @@ def mean_prompt_tokens(job: Path, tokenizer) -> float:
     return statistics.mean(len(test_format_ids(tokenizer, r["prompt"])) for r in rows[:200])
 
 
-def run(task: str, mode: str, args, warm: WarmState, out: Path, peak: dict) -> dict:
-    job = prepared_job(task, mode, args, out)
-    base, tokenizer = warm.base(args.model)
+def run(task: str, mode: str, args, base, tokenizer, pre: dict, out: Path,
+        peak: dict) -> dict:
+    job, config = prepared_job(task, mode, args, out)
     body, head = matmul_params(base)
     prompt_len = mean_prompt_tokens(job, tokenizer)
     cpu_marks = [time.process_time()]
@@ -75,32 +81,32 @@ def run(task: str, mode: str, args, warm: WarmState, out: Path, peak: dict) -> d
               f"zero-var {m['zero_var_frac']:.2f} {m['step_s']:.1f} s", flush=True)
 
     t0 = time.monotonic()
-    r = run_job(JobRequest(job_dir=job, task_id=task, timeout_s=args.timeout,
-                           out_dir=out / f"ckpt-{task}-{mode}"), warm=warm, on_step=on_step)
-    steps = r.metrics
+    model = copy.deepcopy(base).requires_grad_(True).train()
+    with JobTaskSource(job, warm=True) as source:
+        trainer = GRPOTrainer(model, tokenizer, source.prompts(), source.score, config,
+                              ref_model=base)
+        steps = trainer.train(on_step=on_step)
+    post = score_task(trainer.model, tokenizer, task, n=args.n)
     cpu = [b - a for a, b in zip(cpu_marks, cpu_marks[1:], strict=False)]
     wall = [m["step_s"] for m in steps]
     skip = 1 if len(steps) > 1 else 0  # the first step warms allocators and caches
-    wall_s = statistics.mean(wall[skip:]) if wall else None
-    cpu_s = statistics.mean(cpu[skip:]) if cpu else None
-    step_flop = statistics.mean(flops[skip:]) if flops else 0.0
+    wall_s = statistics.mean(wall[skip:])
+    cpu_s = statistics.mean(cpu[skip:])
+    step_flop = statistics.mean(flops[skip:])
     row = {
-        "task": task, "mode": mode, "status": r.status, "pre": r.pre_score, "post": r.post_score,
-        "improvement": r.improvement, "steps": r.steps,
-        "learning_rate": args.lr_lora if mode == "lora" else args.lr_full,
-        "wall_s_per_step": wall_s and round(wall_s, 2), "cpu_s_per_step": cpu_s and round(cpu_s, 2),
-        "sample_s_per_step": round(statistics.mean(m["sample_s"] for m in steps[skip:]), 2)
-        if steps else None,
-        "reward_curve": r.reward_curve,
-        "zero_var_frac": round(statistics.mean(m["zero_var_frac"] for m in steps), 3)
-        if steps else None,
+        "task": task, "mode": mode, "pre": pre[task].accuracy, "pre_ci95": pre[task].ci95,
+        "post": post.accuracy, "post_ci95": post.ci95,
+        "improvement": round(post.accuracy - pre[task].accuracy, 4), "steps": len(steps),
+        "learning_rate": config.learning_rate,
+        "wall_s_per_step": round(wall_s, 2), "cpu_s_per_step": round(cpu_s, 2),
+        "sample_s_per_step": round(statistics.mean(m["sample_s"] for m in steps[skip:]), 2),
+        "reward_curve": [round(m["reward_mean"], 3) for m in steps],
+        "zero_var_frac": round(statistics.mean(m["zero_var_frac"] for m in steps), 3),
         "gflop_per_step": round(step_flop / 1e9, 1),
-        "mfu_wall": round(step_flop / wall_s / 1e9 / peak["gflops_wall"], 4) if wall_s else None,
-        "mfu_cpu": round(step_flop / cpu_s / 1e9 / peak["gflops_per_cpu_s"], 4) if cpu_s else None,
+        "mfu_wall": round(step_flop / wall_s / 1e9 / peak["gflops_wall"], 4),
+        "mfu_cpu": round(step_flop / cpu_s / 1e9 / peak["gflops_per_cpu_s"], 4),
         "job_wall_s": round(time.monotonic() - t0, 1),
     }
-    if r.status != "ok":
-        print(r.log_tail[-1200:], flush=True)
     print(json.dumps(row), flush=True)
     return row
 
@@ -116,19 +122,26 @@ def main() -> None:
     ap.add_argument("--lr-lora", type=float, default=LR["lora"])
     ap.add_argument("--lr-full", type=float, default=LR["full"])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--n", type=int, default=100, help="hidden-eval items before and after")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
 
     load_start = os.getloadavg()[0]
     peak_start = matmul_peak(args.threads)
-    warm = WarmState(threads=args.threads)
+    base, tokenizer = load_model(args.model)
+    base = base.float().requires_grad_(False)
+    pre = {}
+    for t in args.tasks:
+        pre[t] = score_task(base, tokenizer, t, n=args.n)
+        print(f"{t}: pre-score {pre[t].accuracy:.3f} {pre[t].ci95}", flush=True)
     out = Path(tempfile.mkdtemp(prefix="nestor-smollm-inner-"))
-    rows = [run(t, m, args, warm, out, peak_start) for t in args.tasks for m in args.modes]
+    rows = [run(t, m, args, base, tokenizer, pre, out, peak_start)
+            for t in args.tasks for m in args.modes]
     peak_end = matmul_peak(args.threads)
     shutil.rmtree(out, ignore_errors=True)
     print(json.dumps({
-        "model": args.model, "threads": args.threads, "steps": args.steps,
+        "model": args.model, "threads": args.threads, "steps": args.steps, "n": args.n,
         "prompts_per_step": args.prompts, "group_size": args.group,
         "matmul_peak_start": peak_start, "matmul_peak_end": peak_end,
         "load_avg_start": round(load_start, 2), "load_avg_end": round(os.getloadavg()[0], 2),
