@@ -101,6 +101,9 @@ def agents(
     episodes: int = typer.Option(2, "--episodes", min=1, help="Episodes per task."),
     max_retries: int = typer.Option(5, "--max-retries", min=0, max=20,
                                     help="Retries (exponential backoff) on 429, 5xx, no answer."),
+    request_timeout: float = typer.Option(120.0, "--request-timeout", min=1.0,
+                                          help="Seconds to wait for one reply (a CPU-served "
+                                          "model needs minutes for a long prompt)."),
     budget: int = typer.Option(20_000, "--budget", min=1000, help="Sampled-token cap per job."),
     workers: int = typer.Option(2, "--workers", min=1, help="Local pool workers."),
     max_turns: int = typer.Option(12, "--max-turns", min=1, max=200),
@@ -132,7 +135,8 @@ def agents(
 
         try:
             pol = OpenAICompatPolicy(model=policy.split(":", 1)[1], base_url=base_url,
-                                     api_key_env=api_key_env, max_retries=max_retries)
+                                     api_key_env=api_key_env, max_retries=max_retries,
+                                     timeout_s=request_timeout)
         except PolicyError as exc:
             fail(str(exc))
         usage = pol.usage
