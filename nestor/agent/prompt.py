@@ -64,8 +64,45 @@ def base_models(names: list[str]) -> str:
     return "\n".join(out)
 
 
+def _minimal_job() -> str:
+    """The doc's "A complete minimal job" section: the four files, worked (about 900 tokens)."""
+    text = _job_format()
+    start = text.find("## A complete minimal job")
+    end = text.find("\n## ", start + 1)
+    if start < 0:
+        return text[:3000]
+    return text[start + 3:end if end > 0 else None].strip()
+
+
+def compact_system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
+                          max_attempts: int) -> str:
+    """For small-context or small models (SmolLM2-135M: the full prompt is ~4,200 of its 8,192
+    tokens and costs a long prefill every turn): the role, one worked job, the budget rule and
+    the task; the JobConfig table and the probe's details are left out (the probe's report
+    still names what to fix)."""
+    return f"""{ROLE}
+
+A job directory holds config.toml (hyperparameters), data/train.jsonl ({{"prompt", "answer"}} \
+rows in the task's exact test format), env/pyproject.toml and env/<name>/__init__.py (a \
+verifiers v1 taskset whose Task carries @vf.reward methods returning floats in [0, 1]). \
+Call write_file once per file, then submit.
+
+# {_minimal_job()}
+
+Base models: {", ".join(f"`{m}`" for m in models)}. Budget: max_steps × prompts_per_step × \
+group_size × max_new_tokens ≤ {token_budget:,}. {max_attempts} submit attempts.
+
+# The task
+
+{spec.instructions}"""
+
+
 def system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
-                  max_attempts: int) -> str:
+                  max_attempts: int, style: str = "full") -> str:
+    """The episode's system prompt; `style="compact"` for small models (see above)."""
+    if style == "compact":
+        return compact_system_prompt(spec, models=models, token_budget=token_budget,
+                                     max_attempts=max_attempts)
     return f"""{ROLE}
 
 # The job format

@@ -101,9 +101,14 @@ def agents(
     episodes: int = typer.Option(2, "--episodes", min=1, help="Episodes per task."),
     max_retries: int = typer.Option(5, "--max-retries", min=0, max=20,
                                     help="Retries (exponential backoff) on 429, 5xx, no answer."),
+    request_timeout: float = typer.Option(120.0, "--request-timeout", min=1.0,
+                                          help="Seconds to wait for one reply (a CPU-served "
+                                          "model needs minutes for a long prompt)."),
     budget: int = typer.Option(20_000, "--budget", min=1000, help="Sampled-token cap per job."),
     workers: int = typer.Option(2, "--workers", min=1, help="Local pool workers."),
     max_turns: int = typer.Option(12, "--max-turns", min=1, max=200),
+    prompt_style: str = typer.Option("full", "--prompt-style", help="full or compact (for "
+                                     "small-context models, e.g. a served smollm2-135m)."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Where episodes are recorded."),
     leaderboard: Path = typer.Option(Path("leaderboard.csv"), "--leaderboard",
                                      help="CSV the row is appended to."),
@@ -130,7 +135,8 @@ def agents(
 
         try:
             pol = OpenAICompatPolicy(model=policy.split(":", 1)[1], base_url=base_url,
-                                     api_key_env=api_key_env, max_retries=max_retries)
+                                     api_key_env=api_key_env, max_retries=max_retries,
+                                     timeout_s=request_timeout)
         except PolicyError as exc:
             fail(str(exc))
         usage = pol.usage
@@ -141,7 +147,9 @@ def agents(
     else:
         fail(f"unknown --policy {policy!r}; use openai:MODEL or composer")
     run_dir = run_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
-    cfg = EpisodeConfig(max_turns=max_turns, token_budget=budget)
+    if prompt_style not in ("full", "compact"):
+        fail(f"--prompt-style {prompt_style!r}: choose full or compact")
+    cfg = EpisodeConfig(max_turns=max_turns, token_budget=budget, prompt_style=prompt_style)
     try:
         pool = make_pool(load_pool_config(workers=workers))
     except (PoolError, PoolConfigError) as exc:

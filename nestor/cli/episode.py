@@ -31,7 +31,8 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="episode")
 
 
-def _make_policy(kind: str, checkpoint: Path | None, seed: int, budget: int, model: str):
+def _make_policy(kind: str, checkpoint: Path | None, seed: int, budget: int, model: str,
+                 max_new_tokens: int = 512):
     if kind == "composer":
         from nestor.policy.composer import Composer, ComposerConfig
 
@@ -44,7 +45,7 @@ def _make_policy(kind: str, checkpoint: Path | None, seed: int, budget: int, mod
     if kind == "lm":
         from nestor.policy.lm import LMPolicy
 
-        policy = LMPolicy.from_pretrained(model)
+        policy = LMPolicy.from_pretrained(model, max_new_tokens=max_new_tokens, seed=seed)
         if checkpoint is not None:
             policy.load(checkpoint)
         return policy
@@ -65,6 +66,11 @@ def run(
     seed: int = typer.Option(0, "--seed", min=0, help="Policy sampling seed."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Policy weights to load."),
     model: str = typer.Option("tiny-m", "--model", help="The lm policy's model."),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=16, max=8192,
+                                       help="lm: token cap per turn (a dataset file needs "
+                                       "hundreds)."),
+    prompt_style: str = typer.Option("full", "--prompt-style", help="full or compact (one "
+                                     "worked job; for small-context models like smollm2-135m)."),
     train: bool = typer.Option(True, "--train/--no-train",
                                help="Send a validated job to the pool (else stop there)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Local pool workers."),
@@ -82,9 +88,11 @@ def run(
         fail(str(exc))
     run_dir = run_dir or Path("runs") / time.strftime("episode-%Y%m%d-%H%M%S")
     require_sandbox()
-    pol = _make_policy(policy, checkpoint, seed, budget, model)
+    if prompt_style not in ("full", "compact"):
+        fail(f"--prompt-style {prompt_style!r}: choose full or compact")
+    pol = _make_policy(policy, checkpoint, seed, budget, model, max_new_tokens)
     cfg = EpisodeConfig(max_turns=max_turns, max_attempts=attempts, token_budget=budget,
-                        job_timeout_s=timeout, difficulty=difficulty)
+                        job_timeout_s=timeout, difficulty=difficulty, prompt_style=prompt_style)
     try:
         ledger = Ledger(run_dir)
     except LedgerError as exc:
@@ -148,9 +156,12 @@ def _print_summary(out: dict) -> None:
     con = Console(soft_wrap=True)  # lines stay whole in logs and narrow terminals
     con.print(f"episode {out['episode_id']} on [bold]{out['task']}[/bold]: "
               f"end [bold]{out['end_reason']}[/bold] after {out['attempts']} attempt(s)")
-    con.print(f"reward {out['reward']:.4f} = improvement {c['improvement']:+.4f} "
-              f"+ w_valid × {c['validation_efficiency']:.3f} "
-              f"+ w_speed × {c['speed']:.3f}{'' if c['speed_counted'] else ' (not counted)'}")
+    terms = " + ".join(f"{k.removeprefix('weighted_')} {v:+.4f}" for k, v in c.items()
+                       if k.startswith("weighted_") and v)
+    con.print(f"reward {out['reward']:.4f} = {terms or '0'} (preset {c.get('preset', '?')}; "
+              f"uplift {c.get('improvement', 0.0):+.3f}, validation "
+              f"{c.get('validation_efficiency', 0.0):.3f}"
+              f"{'' if c.get('trained') else ', job did not train: no validation/speed pay'})")
     if out["result"]:
         r = out["result"]
         con.print(f"job {r['status']}: pre {r['pre_score']} → post {r['post_score']} "

@@ -17,14 +17,11 @@ app = typer.Typer(no_args_is_help=True, help="Base models: list them, pretrain t
 @app.command("list")
 def list_(json_: bool = JsonOpt) -> None:
     """List registered base models and whether their weights are available here."""
-    from nestor.models.registry import MODELS, ModelNotFoundError, resolve_model_dir
+    from nestor.models.registry import MODELS, availability
 
     rows = []
     for entry in MODELS.values():
-        try:
-            where, ok = str(resolve_model_dir(entry.name)), True
-        except ModelNotFoundError as exc:
-            where, ok = str(exc), False
+        ok, where = availability(entry.name)
         rows.append({"name": entry.name, "description": entry.description, "available": ok,
                      "path" if ok else "how": where})
     if json_:

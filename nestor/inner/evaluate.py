@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from nestor.models.sampler import sample
+from nestor.models.testformat import test_format_ids
 from nestor.tasks import TaskRegistry
 from nestor.tasks.hidden import DEFAULT_N, EVAL_VERSION, HiddenEval, hidden_eval
 
@@ -42,9 +43,7 @@ def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
     """The test format: one user message, no system prompt, generation prompt appended."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                        add_generation_prompt=True, enable_thinking=False)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return test_format_ids(tokenizer, prompt)
 
 
 def score_model(model, tokenizer, evaluation: HiddenEval, batch_size: int = 256) -> EvalResult:

@@ -35,6 +35,7 @@ from transformers import DynamicCache
 
 from nestor.job.config import JobConfig
 from nestor.models.sampler import left_pad, sample
+from nestor.models.testformat import test_format_ids
 
 RewardFn = Callable[[list[int], list[str]], list[float]]  # (task indices, completions) -> rewards
 
@@ -133,9 +134,7 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor
 
 def render_prompt(tokenizer, prompt: str) -> list[int]:
     """The token ids the base model sees: one user message, then the assistant turn opening."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True, enable_thinking=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return test_format_ids(tokenizer, prompt)
 
 
 # ----------------------------------------------------------------------------- the trainer

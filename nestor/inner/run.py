@@ -2,8 +2,9 @@
 
 `run_job` never raises for a problem of the job: a bad config is `invalid`, a crash of the
 job's code (or of its sandboxed reward server) is `failed` with a log tail, and a job that
-runs past `request.timeout_s` is `timeout` (checked between steps; every request to the reward
-server has its own timeout, so nothing waits forever).
+runs past `request.timeout_s` is `timeout` (checked between steps; the weights it trained are
+still post-scored; every request to the reward server has its own timeout, so nothing waits
+forever).
 
 Trust: the job's code runs only in the sandboxed `JobTaskSource`. Pre and post are hidden-eval
 scores computed here, in the trusted process, on weights held as tensors.
@@ -213,14 +214,19 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
             lap("train_s")
         result.update(steps=len(history), train_s=train_s, metrics=history,
                       reward_curve=[round(m["reward_mean"], 4) for m in history])
-        if time.monotonic() > deadline:
+        timed_out = time.monotonic() > deadline
+        if timed_out:
             log(f"timeout: {request.timeout_s:g} s passed after {len(history)} of "
                 f"{config.max_steps} steps")
-            return done("timeout")
-
+            if not history:
+                return done("timeout")
+        # a timeout post-scores the weights it has: a job that trained most of the way is
+        # scored on what it did (the pool's grace period past timeout_s covers the hidden eval)
         post = _post_score(trainer.model, tokenizer, task, request.difficulty)
         log(f"post-score {post:.3f} ({post - pre:+.3f})")
         lap("post_score_s")
+        if timed_out:
+            return done("timeout", post_score=post, improvement=post - pre)
         out_dir = Path(request.out_dir) if request.out_dir else Path(
             tempfile.mkdtemp(prefix="nestor-job-"))
         ckpt = _save(trainer.model, tokenizer, out_dir, config, request, history)

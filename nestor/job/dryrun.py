@@ -5,13 +5,12 @@ from __future__ import annotations
 import functools
 
 from nestor.job.config import JobConfig
+from nestor.models.testformat import test_format_ids
 
 
 def render_prompt(tokenizer, prompt: str) -> list[int]:
     """The test format: one user message, then the assistant turn opening."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True, enable_thinking=False)
-    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return test_format_ids(tokenizer, prompt)
 
 
 @functools.lru_cache(maxsize=2)

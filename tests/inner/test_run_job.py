@@ -71,6 +71,25 @@ def test_timeout_is_reported_not_hung(tmp_path, warm):
     assert result.status == "timeout"
     assert result.steps < 500 and "timeout" in result.log_tail
     assert result.pre_score is not None and result.checkpoint is None
+    assert (result.post_score is not None) == (result.steps > 0)
+
+
+def test_timeout_after_training_post_scores_the_weights_it_has(tmp_path, warm, monkeypatch):
+    import types
+
+    import nestor.inner.run as run_mod
+
+    real = run_mod.time.monotonic
+
+    def past_deadline(_metrics):  # after the first step, the clock jumps past the timeout
+        monkeypatch.setattr(run_mod, "time", types.SimpleNamespace(monotonic=lambda: real() + 1e6))
+
+    job = make_job(tmp_path, SMALL.replace("max_steps = 3", "max_steps = 50"))
+    result = run_job(request(job, timeout_s=600), warm=warm, on_step=past_deadline)
+    assert result.status == "timeout" and result.steps == 1, result.log_tail
+    assert result.post_score is not None and 0.0 <= result.post_score <= 1.0
+    assert result.improvement == pytest.approx(result.post_score - result.pre_score)
+    assert result.checkpoint is None and "post-score" in result.log_tail
 
 
 def test_reward_server_crash_is_failed(tmp_path, warm):

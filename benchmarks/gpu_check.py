@@ -1,0 +1,170 @@
+"""One prepared GPU check (≤ 8 min on one GPU): the inner GRPO trainer, the LM policy's sample +
+train step and the hidden-eval pre/post scores, on CUDA with the bundled tiny-m, each compared
+with the same work on the CPU in the same run.
+
+    .venv/bin/python benchmarks/gpu_check.py                 # CUDA vs CPU (skips CUDA if absent)
+    .venv/bin/python benchmarks/gpu_check.py --device cpu    # the CPU half only (CI, laptops)
+
+What must hold on the device (the check exits 1 otherwise, naming what failed):
+- GRPO: every step trains (no error), the sampler/trainer mismatch `kl_sampler` stays < 1e-3,
+  the reward curve is finite;
+- LM policy: a turn samples on the device (a CPU-only sampling generator would raise here)
+  and an on-policy IS-GRPO step has ratio 1 (|mean - 1| < 1e-2) and moves the LoRA;
+- eval: the base model's greedy pre-score equals the CPU's within 0.02 (float32 both), and the
+  post-score of the trained model is scored by the same scorer on the same device.
+The last line is one JSON object: per device, the figures and seconds of each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+
+import torch
+
+from nestor.inner.evaluate import score_task
+from nestor.inner.grpo import GRPOTrainer
+from nestor.job.config import JobConfig
+from nestor.models.registry import load_model
+from nestor.policy.base import Message, Observation, TrainItem
+from nestor.policy.lm import LMPolicy
+from nestor.tasks import TaskRegistry
+from nestor.tasks.base import normalise
+
+TOOLS = [{"type": "function", "function": {
+    "name": "write_file", "description": "write a file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"},
+                                                     "content": {"type": "string"}}}}}]
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def grpo_part(device: str, task, args) -> tuple[dict, torch.nn.Module, object]:
+    """GRPO on tiny-m for one task with an exact-match reward (the public reference)."""
+    model, tok = load_model(args.model, device=device, dtype=torch.float32)
+    rng = random.Random(0)
+    inputs = [task.sample(rng, 0) for _ in range(256)]
+    prompts = [task.prompt(x) for x in inputs]
+    answers = [task.solve(x) for x in inputs]
+
+    def reward(indices: list[int], texts: list[str]) -> list[float]:
+        return [float(normalise(t) == answers[i]) for i, t in zip(indices, texts, strict=True)]
+
+    cfg = JobConfig(base_model=args.model, max_steps=args.steps, prompts_per_step=16,
+                    group_size=8, max_new_tokens=task.new_tokens(0), learning_rate=3e-4, seed=0)
+    trainer = GRPOTrainer(model, tok, prompts, reward, cfg)
+    sync(device)
+    t0 = time.perf_counter()
+    hist = trainer.train()
+    sync(device)
+    out = {"steps": len(hist), "s_per_step": round((time.perf_counter() - t0) / len(hist), 3),
+           "reward_curve": [round(m["reward_mean"], 3) for m in hist],
+           "kl_sampler_max": max(m.get("kl_sampler", 0.0) for m in hist)}
+    return out, trainer.model, tok
+
+
+def lm_part(device: str, args) -> dict:
+    """One sampled turn and one on-policy IS-GRPO step of the LM policy on `device`."""
+    agent = LMPolicy.from_pretrained(args.model, device=device, learning_rate=1e-2,
+                                     max_new_tokens=24, seed=0)
+    obs = Observation([Message("system", "You write jobs."),
+                       Message("user", "Teach reversal.")], TOOLS)
+    sync(device)
+    t0 = time.perf_counter()
+    turn = agent.act(obs)
+    sync(device)
+    t_act = time.perf_counter() - t0
+    before = {n: p.detach().clone() for n, p in agent.model.named_parameters() if p.requires_grad}
+    t0 = time.perf_counter()
+    stats = agent.train_step([TrainItem(turns=[turn], advantage=1.0, policy_version=0)])
+    sync(device)
+    moved = any(not torch.equal(p.detach(), before[n])
+                for n, p in agent.model.named_parameters() if p.requires_grad)
+    return {"act_s": round(t_act, 3), "train_s": round(time.perf_counter() - t0, 3),
+            "tokens": len(turn.action_ids), "ratio_mean": round(stats["ratio_mean"], 6),
+            "lora_moved": moved}
+
+
+def eval_part(device: str, task_id: str, trained, tok, args) -> dict:
+    """Pre-score (fresh base on `device`) and post-score (the GRPO-trained model), same scorer."""
+    base, base_tok = load_model(args.model, device=device, dtype=torch.float32)
+    t0 = time.perf_counter()
+    pre = score_task(base, base_tok, task_id, n=args.n).accuracy
+    sync(device)
+    t_pre = time.perf_counter() - t0
+    post = score_task(trained, tok, task_id, n=args.n).accuracy
+    return {"pre": pre, "post": post, "eval_s": round(t_pre, 3), "n": args.n}
+
+
+def run_device(device: str, args) -> dict:
+    torch.manual_seed(0)
+    ref = TaskRegistry([]).get(args.task)
+    t0 = time.perf_counter()
+    grpo, trained, tok = grpo_part(device, ref.task, args)
+    lm = lm_part(device, args)
+    ev = eval_part(device, ref.id, trained, tok, args)
+    return {"device": device, "grpo": grpo, "lm": lm, "eval": ev,
+            "total_s": round(time.perf_counter() - t0, 1)}
+
+
+def problems(res: dict, cpu: dict | None) -> list[str]:
+    out = []
+    g, lm, ev = res["grpo"], res["lm"], res["eval"]
+    if g["steps"] < 1 or not all(math.isfinite(r) for r in g["reward_curve"]):
+        out.append("grpo: no finite reward curve")
+    if g["kl_sampler_max"] >= 1e-3:
+        out.append(f"grpo: sampler/trainer mismatch kl_sampler {g['kl_sampler_max']:.2e}")
+    if abs(lm["ratio_mean"] - 1) >= 1e-2 or not lm["lora_moved"]:
+        out.append(f"lm: on-policy ratio {lm['ratio_mean']} or LoRA not moved")
+    if cpu is not None and abs(ev["pre"] - cpu["eval"]["pre"]) > 0.02:
+        out.append(f"eval: pre-score {ev['pre']} on {res['device']} vs {cpu['eval']['pre']} "
+                   "on cpu")
+    return [f"{res['device']}: {p}" for p in out]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default; compared with cpu) or cpu")
+    ap.add_argument("--model", default="tiny-m")
+    ap.add_argument("--task", default="length")
+    ap.add_argument("--steps", type=int, default=10, help="GRPO steps per device")
+    ap.add_argument("--n", type=int, default=200, help="hidden-eval items")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    devices = ["cpu"]
+    skipped = None
+    if args.device != "cpu":
+        if torch.cuda.is_available():
+            devices.append(args.device)
+        else:
+            skipped = (f"{args.device} skipped: torch {torch.__version__} sees no CUDA device; "
+                       "ran the CPU half only (use --device cpu to ask for that)")
+            print(skipped, file=sys.stderr, flush=True)
+    results = {}
+    for device in devices:
+        results[device] = run_device(device, args)
+        print(json.dumps(results[device]), flush=True)
+    failed = [p for d in devices for p in problems(results[d], results["cpu"]
+                                                    if d != "cpu" else None)]
+    for p in failed:
+        print(f"FAILED {p}", file=sys.stderr)
+    summary = {"devices": devices, "results": results, "problems": failed, "skipped": skipped}
+    if len(devices) > 1:
+        cpu, dev = results["cpu"], results[devices[1]]
+        summary["speedup"] = {
+            "grpo_step": round(cpu["grpo"]["s_per_step"] / dev["grpo"]["s_per_step"], 2),
+            "eval": round(cpu["eval"]["eval_s"] / max(dev["eval"]["eval_s"], 1e-9), 2)}
+    print(json.dumps(summary))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

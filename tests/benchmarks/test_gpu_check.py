@@ -1,0 +1,28 @@
+"""benchmarks/gpu_check.py runs on a machine without a GPU: the CPU half, and a clear skip."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_its_cpu_half_and_says_why_cuda_was_skipped():
+    import torch
+
+    out = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--n", "24",
+                          "--threads", "1"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    cpu = summary["results"]["cpu"]
+    assert cpu["grpo"]["steps"] == 2 and cpu["grpo"]["kl_sampler_max"] < 1e-3
+    assert abs(cpu["lm"]["ratio_mean"] - 1) < 1e-2 and cpu["lm"]["lora_moved"]
+    assert cpu["eval"]["n"] == 24 and 0 <= cpu["eval"]["pre"] <= 1
+    assert summary["problems"] == []
+    if not torch.cuda.is_available():
+        assert summary["devices"] == ["cpu"]
+        assert "sees no CUDA device" in summary["skipped"] and "skipped" in out.stderr
