@@ -83,7 +83,9 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
                      run_dir, pool=pool, progress=progress, on_step=on_step)
     try:
         if resume:
-            loop.resume(ledger_episodes(ledger, run_dir))
+            specs = {t: registry.get(t).spec(config.difficulty) for t in config.tasks}
+            loop.resume(ledger_episodes(ledger, run_dir, specs,
+                                        config.episode_config().token_budget))
         loop.run()
     finally:
         loop.policy.closed = True

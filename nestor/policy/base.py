@@ -48,6 +48,9 @@ class Observation:
     # The task's public spec, for structured policies (the composer) that cannot read prose.
     # Token policies read the same spec from the system prompt. Never the hidden eval.
     spec: TaskSpec | None = None
+    # The episode's seed (the outer loop's per-episode seed): a policy that samples with it is
+    # reproducible per episode whatever order concurrent episodes run in. None: its own RNG.
+    seed: int | None = None
 
 
 @dataclass
