@@ -30,11 +30,11 @@ from nestor.agent.reward import JOB_FILES, RewardConfig, compute_reward
 from nestor.inner.types import JobRequest, JobResult
 from nestor.job.config import DEFAULT_TOKEN_BUDGET
 from nestor.ledger import Ledger
-from nestor.policy.base import Message, Observation, Policy, TrainItem, Turn
+from nestor.policy.base import Message, Observation, Policy, PolicyClosed, TrainItem, Turn
 from nestor.tasks import TaskSpec
 
 EndReason = Literal["ok", "job_failed", "invalid", "no_submit", "turn_limit", "token_limit",
-                    "policy_error", "not_trained"]
+                    "policy_error", "not_trained", "stopped", "orphaned"]
 
 
 class EpisodeConfig(BaseModel):
@@ -130,6 +130,8 @@ class _Episode:
             obs = Observation(list(self.rec.messages), self.tools, self.spec, self.seed)
             try:
                 turn = self.policy.act(obs)
+            except PolicyClosed:  # the training run ended: not the policy's fault
+                return "stopped"
             except Exception as exc:  # a broken policy ends its episode, not the run
                 self.rec.components["error"] = "".join(
                     traceback.format_exception_only(type(exc), exc)).strip()

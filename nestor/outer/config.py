@@ -34,6 +34,12 @@ class PolicyConfig(_Section):
     temperature: float = Field(1.0, ge=0.05, le=2.0, description="lm: sampling temperature.")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="lm: token cap per turn.")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
+    credit: Literal["marginal", "episode"] = Field(
+        "marginal", description="composer: marginal (each decision learns from its choices' "
+        "pooled mean advantages, SGD at credit_lr) or episode (IS-GRPO with Adam at "
+        "learning_rate).")
+    credit_lr: float = Field(5.0, gt=0, le=1000, description="composer, marginal credit: SGD "
+                             "rate on the decision logits.")
 
 
 class RunConfig(_Section):

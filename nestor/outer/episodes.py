@@ -31,6 +31,7 @@ def make_policy(config: RunConfig):
     episode = config.episode_config()
     return Composer(ComposerConfig(base_models=episode.models, lr=config.learning_rate,
                                    clip_ratio=config.clip_ratio, seed=config.seed,
+                                   credit=pc.credit, credit_lr=pc.credit_lr,
                                    token_budget=episode.token_budget))
 
 
@@ -66,6 +67,8 @@ def summarize(rec: Any, run_dir: Path, max_new_tokens: int, token_budget: int) -
                           if job_dir is not None else None),
         "cost_usd": float(result.cost_usd) if result is not None else 0.0,
     }
+    if "error" in rec.components:
+        info["error"] = str(rec.components["error"])[:300]
     if result is not None:
         info.update(job_status=result.status, improvement=result.improvement,
                     base_model=result.base_model, job_wall_s=result.wall_s)
@@ -91,7 +94,7 @@ def ledger_episodes(ledger, run_dir: Path, specs: dict[str, Any] | None = None,
         gid, sep, slot = (row.get("group_id") or "").partition(":")
         if not sep or not gid.isdigit() or not slot.isdigit():
             continue
-        if row["end_reason"] == "policy_error":  # e.g. stopped because the run ended
+        if row["end_reason"] in ("stopped", "orphaned"):  # cut short: their rewards are not real
             continue
         full = ledger.episode(row["id"])
         results = [j["result"] for j in full["jobs"] if j["result"]]

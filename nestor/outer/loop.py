@@ -25,7 +25,7 @@ from nestor.outer.checkpoint import latest_checkpoint, load_checkpoint, save_che
 from nestor.outer.config import RunConfig
 from nestor.outer.groups import EpisodeSummary, Group, build_batch
 from nestor.outer.metrics import MeteredPool, append_jsonl, read_jsonl, step_metrics
-from nestor.policy.base import Observation, TrainItem, Turn
+from nestor.policy.base import Observation, PolicyClosed, TrainItem, Turn
 
 MAX_CONSECUTIVE_ERRORS = 10
 
@@ -74,7 +74,7 @@ class SerializedPolicy:
 
     def act(self, obs: Observation) -> Turn:
         if self.closed:
-            raise RuntimeError("the training run has ended")
+            raise PolicyClosed("the training run has ended")
         with self._lock:
             return self._policy.act(obs)
 
@@ -235,7 +235,15 @@ class OuterLoop:
                 raise OuterLoopError(f"{self._consecutive_errors} episodes in a row crashed; "
                                      f"last: {type(exc).__name__}: {exc}") from exc
             return  # the slot is free again and will be relaunched
-        self._consecutive_errors = 0
+        if ep.info.get("end_reason") == "policy_error":  # recorded and trained on, but counted
+            self.counters["policy_errors"] += 1
+            self._consecutive_errors += 1
+            if self._consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
+                raise OuterLoopError(f"{self._consecutive_errors} episodes in a row ended in "
+                                     f"errors; last policy error: "
+                                     f"{ep.info.get('error', '?')}")
+        else:
+            self._consecutive_errors = 0
         ep.group_id, ep.slot, ep.task_id = ticket.group_id, ticket.slot, ticket.task_id
         ep.finished_at = ep.finished_at or time.time()
         append_jsonl(self.journal, ep.to_json())  # durable before it is used

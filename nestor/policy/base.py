@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from nestor.tasks import TaskSpec
 
 
+class PolicyClosed(RuntimeError):
+    """The policy no longer acts (its training run ended): the episode stops, end reason
+    `stopped` — not a policy error."""
+
+
 @dataclass
 class ToolCall:
     name: str

@@ -31,7 +31,7 @@ import math
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -41,6 +41,7 @@ from nestor.job.scaffold import scaffold_config
 from nestor.models.registry import learning_rate_grid
 from nestor.policy import composer_files as files
 from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
+from nestor.policy.credit import MarginalCredit
 from nestor.policy.programs import FRAMINGS, build_rows
 from nestor.tasks import TaskSpec
 
@@ -108,6 +109,15 @@ class ComposerConfig(BaseModel):
                                    "keeping the scaffold's whole config (a naive writer).")
     p_knob_scaffold: float = Field(0.5, gt=0, lt=1, description="Version-0 probability, once "
                                    "tuning, of keeping a knob at the scaffold's value.")
+    credit: Literal["marginal", "episode"] = Field(
+        "marginal", description="marginal: each decision learns from its choices' pooled mean "
+        "advantages (nestor/policy/credit.py), SGD at credit_lr; episode: every action gets the "
+        "episode's advantage, the IS-GRPO loss with Adam at lr.")
+    credit_lr: float = Field(5.0, gt=0, le=1000, description="marginal: SGD rate on the logits.")
+    credit_prior: float = Field(4.0, ge=0, description="marginal: pseudo-episodes at advantage "
+                                "0 that shrink each choice's estimate.")
+    credit_decay: float = Field(0.9, gt=0, le=1, description="marginal: weight kept per step "
+                                "by older evidence.")
 
 
 def _knob_value(key: str, value: Any, cfg: dict, scaffold: JobConfig, spec: TaskSpec,
@@ -149,6 +159,7 @@ class Composer:
         self.optimizer = torch.optim.Adam(self.parameters(), lr=self.config.lr)
         self._gen = torch.Generator().manual_seed(self.config.seed)
         self._lock = threading.Lock()
+        self.credit = MarginalCredit(self.config.credit_prior, self.config.credit_decay)
 
     def _prior(self, decision: str, n: int) -> torch.Tensor:
         """Version-0 logits of a naive writer: keep the scaffold's config with probability
@@ -300,6 +311,48 @@ class Composer:
         return torch.stack(now), torch.tensor(then)
 
     def train_step(self, batch: list[TrainItem]) -> dict[str, float]:
+        if self.config.credit == "marginal":
+            return self._marginal_step(batch)
+        return self._episode_step(batch)
+
+    def _marginal_step(self, batch: list[TrainItem]) -> dict[str, float]:
+        """Pool the batch into each choice's marginal advantage, then one SGD step on the
+        all-choice objective (nestor/policy/credit.py)."""
+        actions = []
+        for item in batch:
+            for turn in item.turns:
+                for key, idx in zip(turn.action_keys, turn.action_ids, strict=True):
+                    decision = key.partition("@")[0]
+                    if decision in self.decisions and idx < len(self.decisions[decision]):
+                        actions.append((self._known_key(key), len(self.decisions[decision]),
+                                        idx, float(item.advantage)))
+        if not actions:
+            return {"loss": 0.0, "n_episodes": 0.0}
+        self.credit.update(actions)
+        terms = []
+        for key in self.credit.keys():
+            est = self.credit.estimates(key)  # [n_choices]
+            terms.append(-(torch.softmax(self.logits(key), -1) * est).sum())
+        loss = torch.stack(terms).sum()
+        for p in self.parameters():
+            p.grad = None
+        loss.backward()
+        with torch.no_grad():
+            for p in self.parameters():
+                if p.grad is not None:
+                    p -= self.config.credit_lr * p.grad
+        self.version += 1
+        spread = max(float(self.credit.estimates(k).max() - self.credit.estimates(k).min())
+                     for k in self.credit.keys())
+        return {"loss": float(loss.detach()), "n_episodes": float(len(batch)),
+                "n_actions": float(len(actions)), "credit_spread_max": spread,
+                "entropy": self._entropy()}
+
+    def _known_key(self, key: str) -> str:
+        decision, _, family = key.partition("@")
+        return key if family and f"{family}__{decision}" in self.by_family else decision
+
+    def _episode_step(self, batch: list[TrainItem]) -> dict[str, float]:
         eps = self.config.clip_ratio
         losses, ratios, clipped = [], [], 0
         for item in batch:
@@ -340,7 +393,7 @@ class Composer:
                                [*self.shared.items(), *(("family:" + k, v) for k, v in
                                                         self.by_family.items())]},
                     "optimizer": self.optimizer.state_dict(),
-                    "rng": self._gen.get_state()}, path)
+                    "rng": self._gen.get_state(), "credit": self.credit.state_dict()}, path)
 
     def load(self, path: Path) -> None:
         state = torch.load(Path(path), weights_only=True)
@@ -357,6 +410,8 @@ class Composer:
         self.version = int(state["version"])
         if "rng" in state:  # a resumed run continues the sampling stream, not its step-0 draws
             self._gen.set_state(state["rng"])
+        if "credit" in state:
+            self.credit.load_state_dict(state["credit"])
 
 
 def _last_plan(messages: list[Message]) -> dict | None:

@@ -191,7 +191,7 @@ def _bandit(comp: Composer, task_id: str, steps: int, good: dict[str, str]) -> N
 
 def test_train_step_learns_a_bandit_and_bumps_the_version():
     torch.manual_seed(0)
-    comp = Composer(ComposerConfig(lr=0.2, seed=1, family_conditioned=True))
+    comp = Composer(ComposerConfig(lr=0.2, seed=1, family_conditioned=True, credit="episode"))
     before = comp.probabilities("strings")
     _bandit(comp, "sort", 25, {"extract": "whole", "rubric": "partial"})
     after = comp.probabilities("strings")
@@ -203,7 +203,7 @@ def test_train_step_learns_a_bandit_and_bumps_the_version():
 
 
 def test_stale_samples_are_importance_weighted_and_clipped():
-    comp = Composer(ComposerConfig(lr=0.5, clip_ratio=0.2, seed=2))
+    comp = Composer(ComposerConfig(lr=0.5, clip_ratio=0.2, seed=2, credit="episode"))
     turn = comp.act(_obs("reverse"))
     stats = [comp.train_step([TrainItem([turn], 1.0, 0)]) for _ in range(4)]
     assert stats[0]["ratio_mean"] == pytest.approx(1.0)  # on-policy at first
@@ -255,3 +255,50 @@ def test_act_is_thread_safe():
                                         len(comp.decisions))
         for key, idx in zip(turn.action_keys, turn.action_ids, strict=True):
             assert 0 <= idx < len(comp.decisions[key.partition("@")[0]])
+
+
+def _noisy_run(credit: str, episodes: int, seed: int) -> tuple[Composer, dict, dict]:
+    """~`episodes` episodes in groups of 4, 2 groups a step; reward = 0.3 when extract is
+    `whole` + 0.3 when rubric is `partial` + noise of sd 0.3 (like real hidden-eval noise)."""
+    import random
+
+    rng = random.Random(seed)
+    comp = Composer(ComposerConfig(seed=seed, lr=0.3, credit=credit, family_conditioned=False))
+    before = comp.probabilities()
+    for _ in range(episodes // 8):
+        items = []
+        for _group in range(2):
+            turns = [comp.act(_obs("sort")) for _ in range(4)]
+            rewards = [0.3 * (comp_plan(t)["values"]["extract"] == "whole")
+                       + 0.3 * (comp_plan(t)["values"]["rubric"] == "partial")
+                       + rng.gauss(0, 0.3) for t in turns]
+            mean = sum(rewards) / 4
+            items += [TrainItem([t], r - mean, comp.version) for t, r in zip(turns, rewards,
+                                                                          strict=True)]
+        comp.train_step(items)
+    return comp, before, comp.probabilities()
+
+
+def test_marginal_credit_learns_the_right_decisions_from_160_noisy_episodes():
+    """The two decisions that matter rise; the 25 that do not move less than with episode
+    credit (Adam moves every logit ~lr per step whatever the evidence). Measured (3 seeds,
+    mean): marginal gain 1.26, drift 0.28; episode gain 1.47, drift 0.35."""
+    def moved(before, after, names):
+        return sum(sum(abs(after[d][c] - before[d][c]) for c in before[d]) / 2
+                   for d in names) / len(names)
+
+    irrelevant = [d for d in Composer().decisions if d not in ("extract", "rubric")]
+    results = {}
+    for credit in ("marginal", "episode"):
+        gains, noise = [], []
+        for seed in range(3):
+            comp, before, after = _noisy_run(credit, 160, seed)
+            gains.append(after["extract"]["whole"] - before["extract"]["whole"]
+                         + after["rubric"]["partial"] - before["rubric"]["partial"])
+            noise.append(moved(before, after, irrelevant))
+        results[credit] = (sum(gains) / 3, sum(noise) / 3)
+    m_gain, m_noise = results["marginal"]
+    e_gain, e_noise = results["episode"]
+    assert m_gain > 1.0  # both good choices gained 50+ points on average
+    assert e_gain > 1.0
+    assert m_noise < 0.9 * e_noise  # the irrelevant decisions drifted less than under Adam
