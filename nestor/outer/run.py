@@ -40,6 +40,13 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
             validation_pass_rate_last=rows[-1].get("validation_pass_rate"))
         if first and last:
             out["reward_rose"] = out["last2_reward"] > out["first2_reward"]
+        # both rungs' terms: validation (first rung) and job quality (second), first 2 → last 2
+        for term in ("weighted_validation", "weighted_quality"):
+            vals = [(r.get("reward_components") or {}).get(term) for r in rows]
+            vals = [v for v in vals if v is not None]
+            if vals:
+                out[f"{term}_first2"] = sum(vals[:2]) / len(vals[:2])
+                out[f"{term}_last2"] = sum(vals[-2:]) / len(vals[-2:])
     return out
 
 
