@@ -109,7 +109,8 @@ def decision_shifts(run_dir: Path, top: int = 6) -> list[dict]:
         worth = sum((last.get(c, 0) - first.get(c, 0)) * value.get(c, 0) for c in choices)
         top_choice = max(last, key=last.get)
         out.append({"decision": d, "tv_change": round(tv, 3), "reward_worth": round(worth, 4),
-                    "now_mostly": top_choice, "share": round(last[top_choice], 2)})
+                    "now_mostly": top_choice, "share": round(last[top_choice], 2),
+                    "episodes_per_third": k})
     out.sort(key=lambda r: -r["tv_change"])
     return out[:top]
 
@@ -214,7 +215,9 @@ def main() -> None:
             mark = {True: "MET", False: "missed", None: "n/a"}[f.targets.get(key)]
             print(f"  [{mark:6}] {key}: {f.verdicts[key]}")
         if shifts:
-            print("  decisions that changed most (first third of episodes -> last):")
+            print(f"  decisions that changed most (first {shifts[0]['episodes_per_third']} "
+                  f"episodes -> last {shifts[0]['episodes_per_third']}; small samples are "
+                  "noise):")
             for s in shifts:
                 print(f"    {s['decision']:<18} TV {s['tv_change']:.2f}, now mostly "
                       f"{s['now_mostly']} ({s['share']:.0%}); worth {s['reward_worth']:+.3f} "
