@@ -153,6 +153,9 @@ def figure(runs: dict[int, tuple[list[dict], list[dict], Findings]], path: Path)
                                  fmt="o" if arm == "trained" else "s", color=color, capsize=4)
                 axes[4].annotate(f"{arm[0]} n={a.n}", (x, a.ci95[1]), fontsize=7,
                                  ha="center", va="bottom")
+    if all(f.transfer is None for _, _, f in runs.values()):
+        axes[4].text(0.5, 0.5, "no held-out eval in these runs", ha="center",
+                     transform=axes[4].transAxes)
     axes[0].legend(fontsize=8)
     axes[4].set_xticks([])
     for ax in axes[:4]:
