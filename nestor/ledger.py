@@ -169,6 +169,24 @@ class Ledger:
             db.execute("UPDATE episodes SET status='done', end_reason=?, reward=?, finished=? "
                        "WHERE id=?", (end_reason, reward, now, episode_id))
 
+    def close_orphans(self, end_reason: str = "orphaned", note: str = "") -> list[str]:
+        """Close every episode still `running` (its process was killed, or the run ended
+        before it): status done with `end_reason`, no reward; each job of it without a
+        result gets a `lost` result. One transaction; returns the episode ids."""
+        now = time.time()
+        with self._tx() as db:
+            ids = [r[0] for r in db.execute("SELECT id FROM episodes WHERE status='running'")]
+            for eid in ids:
+                for (job_id,) in db.execute(
+                        "SELECT j.id FROM jobs j LEFT JOIN results r ON r.job_id = j.id "
+                        "WHERE j.episode_id=? AND r.job_id IS NULL", (eid,)).fetchall():
+                    db.execute("INSERT INTO results (job_id, status, result, created) "
+                               "VALUES (?, 'lost', ?, ?)", (job_id, _js(
+                                   {"status": "lost", "log_tail": note or end_reason}), now))
+                db.execute("UPDATE episodes SET status='done', end_reason=?, finished=? "
+                           "WHERE id=?", (end_reason, now, eid))
+        return ids
+
     def add_policy_version(self, policy: str, version: int, *, path: str | None = None,
                            metrics: dict | None = None) -> None:
         with self._tx() as db:

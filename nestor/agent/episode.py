@@ -31,11 +31,11 @@ from nestor.inner.types import JobRequest, JobResult
 from nestor.job.config import DEFAULT_TOKEN_BUDGET
 from nestor.job.memory import DEFAULT_MEMORY_CAP_MB
 from nestor.ledger import Ledger
-from nestor.policy.base import Message, Observation, Policy, TrainItem, Turn
+from nestor.policy.base import Message, Observation, Policy, PolicyClosed, TrainItem, Turn
 from nestor.tasks import TaskSpec
 
 EndReason = Literal["ok", "job_failed", "invalid", "no_submit", "turn_limit", "token_limit",
-                    "policy_error", "not_trained"]
+                    "policy_error", "not_trained", "stopped", "orphaned"]
 
 
 class EpisodeConfig(BaseModel):
@@ -112,7 +112,7 @@ class _Episode:
     """The mutable state of one run of `run_episode`."""
 
     def __init__(self, policy: Policy, spec: TaskSpec, pool: Any, ledger: Ledger,
-                 cfg: EpisodeConfig, episode_id: str):
+                 cfg: EpisodeConfig, episode_id: str, seed: int | None = None):
         from nestor.sandbox.workspace import TOOL_SCHEMAS, Workspace
 
         self.policy, self.spec, self.pool, self.ledger, self.cfg = policy, spec, pool, ledger, cfg
@@ -122,6 +122,7 @@ class _Episode:
         self.tools = TOOL_SCHEMAS
         self.rec = EpisodeRecord(episode_id, spec.id, spec.family, policy.name, policy.version)
         self.passed_on: int | None = None
+        self.seed = seed
         self.files_written: set[str] = set()  # paths a write_file/edit_file call changed
 
     def log(self, msg: Message, turn: Turn | None = None) -> None:
@@ -133,9 +134,11 @@ class _Episode:
     def run(self) -> EndReason:
         tokens = 0
         for _ in range(self.cfg.max_turns):
-            obs = Observation(list(self.rec.messages), self.tools, self.spec)
+            obs = Observation(list(self.rec.messages), self.tools, self.spec, self.seed)
             try:
                 turn = self.policy.act(obs)
+            except PolicyClosed:  # the training run ended: not the policy's fault
+                return "stopped"
             except Exception as exc:  # a broken policy ends its episode, not the run
                 self.rec.components["error"] = "".join(
                     traceback.format_exception_only(type(exc), exc)).strip()
@@ -235,15 +238,16 @@ class _Episode:
 
 def run_episode(policy: Policy, spec: TaskSpec, pool: Any, ledger: Ledger,
                 config: EpisodeConfig | None = None, *, episode_id: str | None = None,
-                group_id: str | None = None) -> EpisodeRecord:
-    """Run one episode to its end; `pool=None` validates without training."""
+                group_id: str | None = None, seed: int | None = None) -> EpisodeRecord:
+    """Run one episode to its end; `pool=None` validates without training. `seed` reaches the
+    policy in every observation (a per-episode seed: reproducible sampling)."""
     cfg = config or EpisodeConfig()
     episode_id = episode_id or uuid.uuid4().hex[:12]
     ledger.start_episode(episode_id, task_id=spec.id, family=spec.family,
                          difficulty=cfg.difficulty, policy=policy.name,
                          policy_version=policy.version, config=cfg.model_dump(mode="json"),
                          group_id=group_id)
-    ep = _Episode(policy, spec, pool, ledger, cfg, episode_id)
+    ep = _Episode(policy, spec, pool, ledger, cfg, episode_id, seed)
     ep.log(Message("system", system_prompt(spec, models=cfg.models,
                                            token_budget=cfg.token_budget,
                                            max_attempts=cfg.max_attempts,

@@ -185,6 +185,13 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
                       f"{' (rose)' if rose else ''}; pool utilisation "
                       f"{_fmt(summary.get('pool_utilisation'), '.0%')}; metrics in "
                       f"{run_dir / 'metrics.jsonl'}")
+        if summary.get("weighted_validation_first2") is not None:
+            console.print(
+                "both rungs: validation term "
+                f"{_fmt(summary.get('weighted_validation_first2'))} → "
+                f"{_fmt(summary.get('weighted_validation_last2'))}, job-quality term "
+                f"{_fmt(summary.get('weighted_quality_first2'))} → "
+                f"{_fmt(summary.get('weighted_quality_last2'))} (first 2 steps → last 2)")
 
 
 def train(

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nestor.config import validation_problems
+from nestor.models.registry import LR_MAX, learning_rate_ranges
 
 DEFAULT_TOKEN_BUDGET = 150_000  # sampled tokens per job; callers may set their own cap
 MAX_CONFIG_BYTES = 64 << 10
@@ -23,8 +24,8 @@ class JobConfig(BaseModel):
 
     base_model: str = Field("tiny-m", description="Base model to train, by registry name "
                             "(tiny-s, tiny-m; qwen3-0.6b, qwen3-1.7b on a cluster).")
-    learning_rate: float = Field(3e-4, gt=0, le=1e-2, description="AdamW learning rate. "
-                                 "Full fine-tunes of the tiny models like 1e-4..5e-4; LoRA wants ~10x more.")
+    learning_rate: float = Field(3e-4, gt=0, le=LR_MAX, description="AdamW learning rate; "
+                                 "by model scale (full fine-tune): " + learning_rate_ranges() + ".")
     max_steps: int = Field(30, ge=1, le=2000, description="Optimizer steps (one batch of prompts each).")
     prompts_per_step: int = Field(16, ge=1, le=256, description="Distinct prompts sampled per step.")
     group_size: int = Field(8, ge=2, le=64, description="Completions per prompt; the advantage "

@@ -11,7 +11,7 @@ import json
 import random
 from pathlib import Path
 
-from nestor.job.config import JobConfig
+from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig
 from nestor.job.layout import CONFIG, DATA, PYPROJECT, env_pyproject
 from nestor.tasks.registry import TaskRef
 
@@ -92,6 +92,24 @@ ref = TaskRegistry({modules!r}).get("{task_id}")
 '''
 
 
+SCAFFOLD_MAX_STEPS = JobConfig.model_fields["max_steps"].default
+
+
+def scaffold_config(base_model: str = "tiny-m", max_new_tokens: int = 12,
+                    token_budget: int = DEFAULT_TOKEN_BUDGET) -> JobConfig:
+    """The scaffold's config for a job: JobConfig's defaults, the base model's default learning
+    rate (nestor/models/registry.py), the task's answer length, and max_steps lowered to fit
+    the token budget. What a writer who keeps the scaffold's config submits; the reference of
+    hyperparameter-surface use (docs/outer.md)."""
+    from nestor.models.registry import default_learning_rate
+
+    cfg = JobConfig(base_model=base_model, max_new_tokens=max_new_tokens,
+                    learning_rate=default_learning_rate(base_model))
+    per_step = cfg.prompts_per_step * cfg.group_size * cfg.max_new_tokens
+    return cfg.model_copy(update={"max_steps": max(1, min(SCAFFOLD_MAX_STEPS,
+                                                          token_budget // per_step))})
+
+
 def config_toml(config: JobConfig | None = None) -> str:
     """Every knob with its description and range as a comment."""
     config = config or JobConfig()
@@ -117,7 +135,7 @@ def init_job(job_dir: Path | str, ref: TaskRef, *, force: bool = False,
     package = "".join(c if c.isalnum() else "_" for c in ref.id.lower()) + "_job"
     cls = "".join(part.capitalize() for part in package.split("_"))
     files = {
-        CONFIG: config_toml(JobConfig(max_new_tokens=ref.task.new_tokens())),
+        CONFIG: config_toml(scaffold_config(max_new_tokens=ref.task.new_tokens())),
         PYPROJECT: env_pyproject(package, f"nestor training job: {ref.task.title}."),
         f"env/{package}/__init__.py": ENV_TEMPLATE.format(title=ref.task.title, cls=cls),
         DATA: rows(ref),

@@ -39,6 +39,38 @@ MODELS: dict[str, ModelEntry] = {
     )
 }
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
+
+# Learning rates by model scale: the one source of the composer's grids and of JobConfig's
+# documented range. Full fine-tune defaults (AdamW, RL on short answers): the ~1-5M-parameter
+# char models train at 3e-4; a 135M model wants ~5e-5; Qwen3 0.6B/1.7B ~1e-5/5e-6. LoRA
+# adapters take ~10x the full fine-tune rate. Grids are the default × LR_FACTORS, capped.
+LR_DEFAULTS: dict[str, float] = {"tiny-s": 3e-4, "tiny-m": 3e-4, "smollm2-135m": 5e-5,
+                                 "qwen3-0.6b": 1e-5, "qwen3-1.7b": 5e-6}
+LR_UNKNOWN = 1e-5  # a local directory of unknown scale: the cautious rate of a real LM
+LR_LORA_FACTOR = 10.0
+LR_FACTORS = (1 / 3, 1.0, 3.0, 10.0)
+LR_MAX = 1e-2  # JobConfig's upper bound
+
+
+def default_learning_rate(name: str, lora: bool = False) -> float:
+    """The scaffold's learning rate for a base model (full fine-tune, or LoRA ×10)."""
+    lr = LR_DEFAULTS.get(str(name), LR_UNKNOWN) * (LR_LORA_FACTOR if lora else 1.0)
+    return min(LR_MAX, lr)
+
+
+def learning_rate_grid(name: str, lora: bool = False) -> tuple[float, ...]:
+    """Learning rates worth trying on a base model: its default × (1/3, 1, 3, 10), capped."""
+    base = default_learning_rate(name, lora)
+    return tuple(min(LR_MAX, float(f"{base * f:.3g}")) for f in LR_FACTORS)
+
+
+def learning_rate_ranges() -> str:
+    """One line per scale for docs and JobConfig's description: 'tiny-s 1e-4..3e-3 (3e-4)'."""
+    parts = []
+    for name in LR_DEFAULTS:
+        grid = learning_rate_grid(name)
+        parts.append(f"{name} {grid[0]:.0e}..{grid[-1]:.0e} (default {grid[1]:.0e})")
+    return "; ".join(parts) + f"; LoRA ×{LR_LORA_FACTOR:g}"
 WEIGHTS_FILE = "model.safetensors"
 
 

@@ -37,6 +37,12 @@ class PolicyConfig(_Section):
         None, ge=1, le=32768, description="lm: token cap per turn; default a quarter of the "
         "model's context, within 256..4096 (a turn may write a whole dataset file).")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
+    credit: Literal["marginal", "episode"] = Field(
+        "marginal", description="composer: marginal (each decision learns from its choices' "
+        "pooled mean advantages, SGD at credit_lr) or episode (IS-GRPO with Adam at "
+        "learning_rate).")
+    credit_lr: float = Field(5.0, gt=0, le=1000, description="composer, marginal credit: SGD "
+                             "rate on the decision logits.")
 
 
 class RunConfig(_Section):

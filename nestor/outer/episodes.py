@@ -32,23 +32,27 @@ def make_policy(config: RunConfig):
     episode = config.episode_config()
     return Composer(ComposerConfig(base_models=episode.models, lr=config.learning_rate,
                                    clip_ratio=config.clip_ratio, seed=config.seed,
+                                   credit=pc.credit, credit_lr=pc.credit_lr,
                                    token_budget=episode.token_budget))
 
 
-def knobs_changed(job_dir: Path) -> int | None:
-    """How many JobConfig knobs (besides base model and seed) differ from their defaults."""
+def knobs_changed(job_dir: Path, max_new_tokens: int, token_budget: int) -> int | None:
+    """How many JobConfig knobs (besides base model and seed) differ from the scaffold's config
+    for the same base model, task and budget (nestor/job/scaffold.py: scaffold_config). An
+    episode that changes ≥ 1 uses the hyperparameter surface (docs/outer.md)."""
     from nestor.job.config import JobConfig, JobConfigError, load_job_config
+    from nestor.job.scaffold import scaffold_config
 
     try:
         cfg = load_job_config(job_dir / "config.toml")
     except JobConfigError:
         return None
-    default = JobConfig()
+    ref = scaffold_config(cfg.base_model, max_new_tokens, token_budget)
     return sum(1 for k in JobConfig.model_fields
-               if k not in KNOBS_IGNORED and getattr(cfg, k) != getattr(default, k))
+               if k not in KNOBS_IGNORED and getattr(cfg, k) != getattr(ref, k))
 
 
-def summarize(rec: Any, run_dir: Path) -> EpisodeSummary:
+def summarize(rec: Any, run_dir: Path, max_new_tokens: int, token_budget: int) -> EpisodeSummary:
     """An EpisodeRecord condensed to what training and metrics need."""
     ep_dir = run_dir / "episodes" / rec.id
     attempts = sorted(ep_dir.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -60,7 +64,8 @@ def summarize(rec: Any, run_dir: Path) -> EpisodeSummary:
         "validated": any(getattr(r, "passed", False) for r in rec.reports),
         "end_reason": rec.end_reason,
         "malformed_calls": sum(1 for t in rec.turns if t.parse_error),
-        "knobs_changed": knobs_changed(job_dir) if job_dir is not None else None,
+        "knobs_changed": (knobs_changed(job_dir, max_new_tokens, token_budget)
+                          if job_dir is not None else None),
         "cost_usd": float(result.cost_usd) if result is not None else 0.0,
     }
     if isinstance(rec.components.get("error"), str):  # why the policy failed (policy_error)
@@ -75,7 +80,8 @@ def summarize(rec: Any, run_dir: Path) -> EpisodeSummary:
                           components=components, info=info)
 
 
-def ledger_episodes(ledger, run_dir: Path) -> list[EpisodeSummary]:
+def ledger_episodes(ledger, run_dir: Path, specs: dict[str, Any] | None = None,
+                    token_budget: int = 0) -> list[EpisodeSummary]:
     """Finished episodes of this loop as recorded in the ledger (group_id "G:SLOT").
 
     A resume reuses them: an episode that finished just before a kill, after the ledger
@@ -89,7 +95,7 @@ def ledger_episodes(ledger, run_dir: Path) -> list[EpisodeSummary]:
         gid, sep, slot = (row.get("group_id") or "").partition(":")
         if not sep or not gid.isdigit() or not slot.isdigit():
             continue
-        if row["end_reason"] == "policy_error":  # e.g. stopped because the run ended
+        if row["end_reason"] in ("stopped", "orphaned"):  # cut short: their rewards are not real
             continue
         full = ledger.episode(row["id"])
         results = [j["result"] for j in full["jobs"] if j["result"]]
@@ -102,7 +108,9 @@ def ledger_episodes(ledger, run_dir: Path) -> list[EpisodeSummary]:
             "validated": any(r["passed"] for r in full["reports"]),
             "end_reason": row["end_reason"],
             "malformed_calls": sum(1 for t in turns if t.parse_error),
-            "knobs_changed": knobs_changed(job_dir) if job_dir.is_dir() else None,
+            "knobs_changed": (knobs_changed(job_dir, specs[row["task_id"]].max_new_tokens,
+                                            token_budget)
+                              if job_dir.is_dir() and row["task_id"] in (specs or {}) else None),
             "cost_usd": 0.0}
         if results:
             res = results[-1]
@@ -127,7 +135,9 @@ def make_episode_fn(config: RunConfig, registry, pool, ledger, run_dir: Path):
     def episode(policy, ticket) -> EpisodeSummary:
         episode_id = f"g{ticket.group_id:05d}-s{ticket.slot:02d}-{uuid.uuid4().hex[:6]}"
         rec = run_episode(policy, specs[ticket.task_id], pool, ledger, episode_cfg,
-                          episode_id=episode_id, group_id=f"{ticket.group_id}:{ticket.slot}")
-        return summarize(rec, run_dir)
+                          episode_id=episode_id, group_id=f"{ticket.group_id}:{ticket.slot}",
+                          seed=ticket.seed)
+        return summarize(rec, run_dir, specs[ticket.task_id].max_new_tokens,
+                         episode_cfg.token_budget)
 
     return episode

@@ -25,7 +25,7 @@ from nestor.outer.checkpoint import latest_checkpoint, load_checkpoint, save_che
 from nestor.outer.config import RunConfig
 from nestor.outer.groups import EpisodeSummary, Group, build_batch
 from nestor.outer.metrics import MeteredPool, append_jsonl, read_jsonl, step_metrics
-from nestor.policy.base import Observation, TrainItem, Turn
+from nestor.policy.base import Observation, PolicyClosed, TrainItem, Turn
 from nestor.policy.batching import SharedExclusiveLock
 
 MAX_CONSECUTIVE_ERRORS = 10
@@ -79,7 +79,7 @@ class SerializedPolicy:
 
     def act(self, obs: Observation) -> Turn:
         if self.closed:
-            raise RuntimeError("the training run has ended")
+            raise PolicyClosed("the training run has ended")
         with self._act_lock:
             return self._policy.act(obs)
 

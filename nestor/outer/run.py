@@ -40,6 +40,13 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
             validation_pass_rate_last=rows[-1].get("validation_pass_rate"))
         if first and last:
             out["reward_rose"] = out["last2_reward"] > out["first2_reward"]
+        # both rungs' terms: validation (first rung) and job quality (second), first 2 → last 2
+        for term in ("weighted_validation", "weighted_quality"):
+            vals = [(r.get("reward_components") or {}).get(term) for r in rows]
+            vals = [v for v in vals if v is not None]
+            if vals:
+                out[f"{term}_first2"] = sum(vals[:2]) / len(vals[:2])
+                out[f"{term}_last2"] = sum(vals[-2:]) / len(vals[-2:])
     return out
 
 
@@ -90,12 +97,20 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
     loop = OuterLoop(config, policy, make_episode_fn(config, registry, pool, ledger, run_dir),
                      run_dir, pool=pool, progress=progress, on_step=on_step)
     try:
-        if resume:
-            loop.resume(ledger_episodes(ledger, run_dir))
+        if resume:  # nothing of this process runs yet: every `running` episode was orphaned
+            orphans = ledger.close_orphans("orphaned", "the run was killed while this episode "
+                                           "ran; the resumed run runs it again")
+            specs = {t: registry.get(t).spec(config.difficulty) for t in config.tasks}
+            loop.resume(ledger_episodes(ledger, run_dir, specs,
+                                        config.episode_config().token_budget))
+            loop.counters["episodes_orphaned"] += len(orphans)
         loop.run()
     finally:
         loop.policy.closed = True
         pool.shutdown()  # jobs of episodes past the last step resolve as 'lost'
         loop.join(timeout_s=20.0)
+        # episodes still running now are never used: close them, so the ledger of a run that
+        # ended holds no `running` episode (one that finishes later still records its end)
+        ledger.close_orphans("stopped", "still running when the run ended")
         tracker.close()
     return summarize_run(run_dir)

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from nestor.tasks import TaskSpec
 
 
+class PolicyClosed(RuntimeError):
+    """The policy no longer acts (its training run ended): the episode stops, end reason
+    `stopped` — not a policy error."""
+
+
 @dataclass
 class ToolCall:
     name: str
@@ -48,6 +53,9 @@ class Observation:
     # The task's public spec, for structured policies (the composer) that cannot read prose.
     # Token policies read the same spec from the system prompt. Never the hidden eval.
     spec: TaskSpec | None = None
+    # The episode's seed (the outer loop's per-episode seed): a policy that samples with it is
+    # reproducible per episode whatever order concurrent episodes run in. None: its own RNG.
+    seed: int | None = None
 
 
 @dataclass

@@ -1,11 +1,20 @@
 """The composer: a learnable, factored categorical policy over job-writing decisions.
 
-Each decision (base model, every JobConfig knob over a grid that includes its default, how the
-dataset is built, how many rows, the rubric's form and answer extraction, the prompt framing)
-has its own logits: a shared vector plus, when `family_conditioned`, a per-family offset. One
-episode samples every decision once, renders the job's files and writes them through the
-workspace tools, then submits. After a failed validation it reads the report, resamples only
-the decisions the failing checks point at, rewrites the files and submits again.
+It starts as a plausible naive job writer, not a uniform sampler: one decision,
+`config_mode`, keeps the scaffold's whole config (nestor/job/scaffold.py: JobConfig's defaults,
+the base model's learning rate, the task's answer length, max_steps fitted to the token budget)
+with probability `p_keep_scaffold` (0.75) at version 0. Only when it tunes does it sample the
+JobConfig knobs, each over a grid whose first choice is the scaffold's value (kept with
+`p_knob_scaffold`, 0.5). Learning rates are relative to the base model's scale
+(nestor/models/registry.py). So hyperparameter-surface use starts near 0.25 and moves with
+the reward either way. The other decisions (base model, how the dataset is built, how many
+rows, the rubric's form and answer extraction, the prompt framing) start uniform. Each has its
+own logits: a shared vector plus, when `family_conditioned`, a per-family offset. One episode
+samples its decisions once, renders the job's files and writes them through the workspace
+tools, then submits. After a failed validation it reads the report, resamples only the
+decisions the failing checks point at (the keep decision, for knobs of a kept config),
+rewrites the files and submits again. With the episode's seed in the observation it samples
+from a generator of that seed, so an episode is reproducible whatever runs beside it.
 
 The composer is stateless between calls: its plan (the chosen indices and the data seed) is
 the text of its own previous turn, so concurrent episodes can share one composer.
@@ -18,37 +27,44 @@ Each Turn carries `action_keys` ("decision@family"), `action_ids` (choice indice
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
 
 from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig
+from nestor.job.scaffold import scaffold_config
+from nestor.models.registry import learning_rate_grid
 from nestor.policy import composer_files as files
 from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
+from nestor.policy.credit import MarginalCredit
 from nestor.policy.programs import FRAMINGS, build_rows
 from nestor.tasks import TaskSpec
 
-CONFIG_KNOBS: dict[str, list[Any]] = {  # JobConfig knob -> grid (its default included)
-    "learning_rate": [1e-4, 3e-4, 1e-3, 3e-3],
-    "max_steps": ["default", "quarter_budget", "half_budget", "full_budget"],
-    "prompts_per_step": [8, 16, 32],
-    "group_size": [4, 8, 16],
-    "max_new_tokens": ["default", "half_spec", "spec", "double_spec"],
-    "temperature": [0.7, 1.0, 1.3],
-    "lora_rank": [0, 8, 32],
-    "lora_alpha": [16, 32, 64],
-    "clip_ratio": [0.0, 0.2, 0.4],
-    "kl_coef": [0.0, 0.02, 0.1],
-    "updates_per_step": [1, 2],
-    "scale_rewards": [False, True],
-    "skip_zero_variance": [True, False],
-    "weight_decay": [0.0, 0.01],
-    "grad_clip": [1.0, 0.0],
+SCAFFOLD = "scaffold"  # a knob's choice "keep the scaffold's value"
+CONFIG_MODES = ["keep_scaffold", "tune"]  # the whole config: the scaffold's, or knob by knob
+CONFIG_KNOBS: dict[str, list[Any]] = {  # JobConfig knob -> grid; the scaffold's value first
+    "learning_rate": [SCAFFOLD, "third", "triple", "tenfold"],  # × the model's default rate
+    "max_steps": [SCAFFOLD, "quarter_budget", "half_budget", "full_budget"],
+    "prompts_per_step": [SCAFFOLD, 8, 32],
+    "group_size": [SCAFFOLD, 4, 16],
+    "max_new_tokens": [SCAFFOLD, "half_spec", "double_spec"],  # scaffold: the spec's length
+    "temperature": [SCAFFOLD, 0.7, 1.3],
+    "lora_rank": [SCAFFOLD, 8, 32],
+    "lora_alpha": [SCAFFOLD, 16, 64],
+    "clip_ratio": [SCAFFOLD, 0.0, 0.4],
+    "kl_coef": [SCAFFOLD, 0.02, 0.1],
+    "updates_per_step": [SCAFFOLD, 2],
+    "scale_rewards": [SCAFFOLD, True],
+    "skip_zero_variance": [SCAFFOLD, False],
+    "weight_decay": [SCAFFOLD, 0.01],
+    "grad_clip": [SCAFFOLD, 0.0],
 }
+_LR_CHOICE = {"third": 0, "triple": 2, "tenfold": 3}  # index into registry.learning_rate_grid
 DATA_DECISIONS: dict[str, list[Any]] = {
     "data_source": ["given", "augmented", "resampled"],
     "n_rows": [8, 64, 256, 1024],
@@ -73,6 +89,8 @@ _BLAME: dict[str, tuple[str, ...]] = {
 _UNKNOWN = ("data_source", "n_rows", "framing", "rubric", "extract")  # files, imports, probe, ...
 _PLAN = "plan: "
 _FAIL = re.compile(r"^FAIL\s+(?P<name>[^:]+):(?P<msg>.*)$", re.M)
+MAX_STEPS_LIMIT = next(m.le for m in JobConfig.model_fields["max_steps"].metadata
+                       if getattr(m, "le", None) is not None)
 
 
 class ComposerConfig(BaseModel):
@@ -87,19 +105,37 @@ class ComposerConfig(BaseModel):
     lr: float = Field(0.05, gt=0, le=10, description="Adam learning rate of the logits.")
     clip_ratio: float = Field(0.2, ge=0, le=1, description="Ratio clip ε; 0 = unclipped.")
     seed: int = Field(0, ge=0, description="Seed of the sampling generator.")
+    p_keep_scaffold: float = Field(0.75, gt=0, lt=1, description="Version-0 probability of "
+                                   "keeping the scaffold's whole config (a naive writer).")
+    p_knob_scaffold: float = Field(0.5, gt=0, lt=1, description="Version-0 probability, once "
+                                   "tuning, of keeping a knob at the scaffold's value.")
+    credit: Literal["marginal", "episode"] = Field(
+        "marginal", description="marginal: each decision learns from its choices' pooled mean "
+        "advantages (nestor/policy/credit.py), SGD at credit_lr; episode: every action gets the "
+        "episode's advantage, the IS-GRPO loss with Adam at lr.")
+    credit_lr: float = Field(5.0, gt=0, le=1000, description="marginal: SGD rate on the logits.")
+    credit_prior: float = Field(4.0, ge=0, description="marginal: pseudo-episodes at advantage "
+                                "0 that shrink each choice's estimate.")
+    credit_decay: float = Field(0.9, gt=0, le=1, description="marginal: weight kept per step "
+                                "by older evidence.")
 
 
-def _resolve(key: str, value: Any, cfg: dict, spec: TaskSpec, budget: int) -> Any:
+def _knob_value(key: str, value: Any, cfg: dict, scaffold: JobConfig, spec: TaskSpec,
+                budget: int) -> Any:
+    """A knob's choice as a JobConfig value; `cfg` holds the knobs resolved before it."""
+    if value == SCAFFOLD:
+        return getattr(scaffold, key)
     if key == "max_new_tokens":
         n = spec.max_new_tokens
-        return {"default": JobConfig.model_fields["max_new_tokens"].default,
-                "half_spec": max(1, n // 2), "spec": n, "double_spec": 2 * n}[value]
+        return {"half_spec": max(1, n // 2), "double_spec": 2 * n}[value]
+    if key == "learning_rate":
+        grid = learning_rate_grid(cfg["base_model"], lora=cfg["lora_rank"] > 0)
+        return grid[_LR_CHOICE[value]]
     if key == "max_steps":
-        if value == "default":
-            return JobConfig.model_fields["max_steps"].default
         per_step = cfg["prompts_per_step"] * cfg["group_size"] * cfg["max_new_tokens"]
         share = {"quarter_budget": 0.25, "half_budget": 0.5, "full_budget": 1.0}[value]
-        return max(1, int(budget * share) // per_step)
+        # a large budget over a small batch must not ask for more steps than JobConfig allows
+        return min(MAX_STEPS_LIMIT, max(1, int(budget * share) // per_step))
     return value
 
 
@@ -112,9 +148,10 @@ class Composer:
         self.config = config or ComposerConfig()
         self.version = 0
         self.decisions: dict[str, list[Any]] = {"base_model": list(self.config.base_models),
+                                                "config_mode": list(CONFIG_MODES),
                                                 **CONFIG_KNOBS, **DATA_DECISIONS}
         self.shared = torch.nn.ParameterDict(
-            {k: torch.nn.Parameter(torch.zeros(len(v))) for k, v in self.decisions.items()})
+            {k: torch.nn.Parameter(self._prior(k, len(v))) for k, v in self.decisions.items()})
         self.by_family = torch.nn.ParameterDict(
             {f"{fam}__{k}": torch.nn.Parameter(torch.zeros(len(v)))
              for fam in self.config.families for k, v in self.decisions.items()}
@@ -122,6 +159,17 @@ class Composer:
         self.optimizer = torch.optim.Adam(self.parameters(), lr=self.config.lr)
         self._gen = torch.Generator().manual_seed(self.config.seed)
         self._lock = threading.Lock()
+        self.credit = MarginalCredit(self.config.credit_prior, self.config.credit_decay)
+
+    def _prior(self, decision: str, n: int) -> torch.Tensor:
+        """Version-0 logits of a naive writer: keep the scaffold's config with probability
+        p_keep_scaffold; when tuning, keep each knob with p_knob_scaffold; else uniform."""
+        out = torch.zeros(n)
+        p = (self.config.p_keep_scaffold if decision == "config_mode" else
+             self.config.p_knob_scaffold if decision in CONFIG_KNOBS else None)
+        if p is not None:  # choice 0 (keep) gets p, the n − 1 others share 1 − p
+            out[0] = math.log(p * (n - 1) / (1 - p))
+        return out
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [*self.shared.values(), *self.by_family.values()]
@@ -144,39 +192,60 @@ class Composer:
                 choices, torch.softmax(self.logits(self._action_key(d, family)), -1),
                 strict=True)} for d, choices in self.decisions.items()}
 
-    def _sample(self, names: list[str], family: str) -> tuple[list[str], list[int], list[float]]:
+    def _sample(self, names: list[str], family: str,
+                gen: torch.Generator) -> tuple[list[str], list[int], list[float]]:
         keys, ids, logps = [], [], []
         with torch.no_grad(), self._lock:
             for name in names:
                 key = self._action_key(name, family)
                 logp = torch.log_softmax(self.logits(key), -1)
-                idx = int(torch.multinomial(logp.exp(), 1, generator=self._gen))
+                idx = int(torch.multinomial(logp.exp(), 1, generator=gen))
                 keys.append(key)
                 ids.append(idx)
                 logps.append(float(logp[idx]))
         return keys, ids, logps
 
-    # -- acting -------------------------------------------------------------------------------
+    def _generator(self, obs: Observation) -> torch.Generator:
+        """The episode's own generator when the observation carries a seed (one stream per
+        turn), else the composer's shared one (saved in its checkpoint)."""
+        if obs.seed is None:
+            return self._gen
+        turn = sum(1 for m in obs.messages if m.role == "assistant")
+        return torch.Generator().manual_seed((int(obs.seed) * 7919 + turn) % 2**63)
+
+# -- acting -------------------------------------------------------------------------------
     def act(self, obs: Observation) -> Turn:
         spec = obs.spec
         if spec is None:
             return Turn(Message("assistant", "The composer needs the task spec in the "
                                 "observation; it cannot read prose."))
+        gen = self._generator(obs)
         plan = _last_plan(obs.messages)
-        if plan is None:  # first turn: every decision, and a seed for the rows
-            names = list(self.decisions)
-            keys, ids, logps = self._sample(names, spec.family)
-            with self._lock:
-                data_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._gen))
+        if plan is None:  # first turn: every decision (knobs only when tuning), and a data seed
+            names = [d for d in self.decisions if d not in CONFIG_KNOBS]
+            keys, ids, logps = self._sample(names, spec.family, gen)
             choices = dict(zip(names, ids, strict=True))
+            with self._lock:
+                data_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         else:
+            choices = dict(plan["choices"])
             blamed = _blame(obs.messages, self.decisions)
+            if choices.get("config_mode", 0) == 0 and any(b in CONFIG_KNOBS for b in blamed):
+                # knobs of a kept scaffold config cannot change: the decision to keep it can
+                blamed = [b for b in blamed if b not in CONFIG_KNOBS]
+                blamed = [d for d in self.decisions if d in {*blamed, "config_mode"}]
             if not blamed:  # nothing to fix (e.g. the last submit never ran): submit again
                 return Turn(Message("assistant", _PLAN + json.dumps(plan),
                                     [ToolCall("submit", {}, "c0")]))
-            keys, ids, logps = self._sample(blamed, spec.family)
-            choices = {**plan["choices"], **dict(zip(blamed, ids, strict=True))}
+            keys, ids, logps = self._sample(blamed, spec.family, gen)
+            choices.update(zip(blamed, ids, strict=True))
             data_seed = plan["data_seed"]
+        if self.decisions["config_mode"][choices["config_mode"]] == "tune":
+            missing = [k for k in CONFIG_KNOBS if k not in choices]
+            if missing:  # newly tuning: every knob gets its own decision
+                k2, i2, l2 = self._sample(missing, spec.family, gen)
+                keys, ids, logps = keys + k2, ids + i2, logps + l2
+                choices.update(zip(missing, i2, strict=True))
         calls = self._write_calls(spec, choices, data_seed)
         plan = {"choices": choices, "data_seed": data_seed,
                 "values": {k: self.decisions[k][i] for k, i in choices.items()}}
@@ -184,12 +253,21 @@ class Composer:
                     action_ids=ids, sample_logprobs=logps, action_keys=keys)
 
     def job_config(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> JobConfig:
-        cfg: dict[str, Any] = {"base_model": self.decisions["base_model"][choices["base_model"]]}
-        for key in ("prompts_per_step", "group_size", "max_new_tokens", *CONFIG_KNOBS):
-            if key in cfg:
-                continue  # max_steps depends on the three knobs resolved first
-            cfg[key] = _resolve(key, CONFIG_KNOBS[key][choices[key]], cfg, spec,
-                                self.config.token_budget)
+        """The JobConfig of a plan: the scaffold's config, or (`config_mode` tune) each knob's
+        choice resolved against it."""
+        base_model = self.decisions["base_model"][choices["base_model"]]
+        scaffold = scaffold_config(base_model, spec.max_new_tokens, self.config.token_budget)
+        mode = self.decisions["config_mode"][choices.get("config_mode", 0)]
+        if mode == "keep_scaffold":
+            return scaffold.model_copy(update={"seed": seed})
+        cfg: dict[str, Any] = {"base_model": base_model}
+        order = ("prompts_per_step", "group_size", "max_new_tokens", "lora_rank", "temperature",
+                 "lora_alpha", "clip_ratio", "kl_coef", "updates_per_step", "scale_rewards",
+                 "skip_zero_variance", "weight_decay", "grad_clip", "max_steps",
+                 "learning_rate")  # max_steps needs the batch shape; the rate, model and LoRA
+        for key in order:
+            value = self.decisions[key][choices.get(key, 0)]
+            cfg[key] = _knob_value(key, value, cfg, scaffold, spec, self.config.token_budget)
         return JobConfig(**cfg, seed=seed)
 
     def _write_calls(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> list[ToolCall]:
@@ -233,6 +311,48 @@ class Composer:
         return torch.stack(now), torch.tensor(then)
 
     def train_step(self, batch: list[TrainItem]) -> dict[str, float]:
+        if self.config.credit == "marginal":
+            return self._marginal_step(batch)
+        return self._episode_step(batch)
+
+    def _marginal_step(self, batch: list[TrainItem]) -> dict[str, float]:
+        """Pool the batch into each choice's marginal advantage, then one SGD step on the
+        all-choice objective (nestor/policy/credit.py)."""
+        actions = []
+        for item in batch:
+            for turn in item.turns:
+                for key, idx in zip(turn.action_keys, turn.action_ids, strict=True):
+                    decision = key.partition("@")[0]
+                    if decision in self.decisions and idx < len(self.decisions[decision]):
+                        actions.append((self._known_key(key), len(self.decisions[decision]),
+                                        idx, float(item.advantage)))
+        if not actions:
+            return {"loss": 0.0, "n_episodes": 0.0}
+        self.credit.update(actions)
+        terms = []
+        for key in self.credit.keys():
+            est = self.credit.estimates(key)  # [n_choices]
+            terms.append(-(torch.softmax(self.logits(key), -1) * est).sum())
+        loss = torch.stack(terms).sum()
+        for p in self.parameters():
+            p.grad = None
+        loss.backward()
+        with torch.no_grad():
+            for p in self.parameters():
+                if p.grad is not None:
+                    p -= self.config.credit_lr * p.grad
+        self.version += 1
+        spread = max(float(self.credit.estimates(k).max() - self.credit.estimates(k).min())
+                     for k in self.credit.keys())
+        return {"loss": float(loss.detach()), "n_episodes": float(len(batch)),
+                "n_actions": float(len(actions)), "credit_spread_max": spread,
+                "entropy": self._entropy()}
+
+    def _known_key(self, key: str) -> str:
+        decision, _, family = key.partition("@")
+        return key if family and f"{family}__{decision}" in self.by_family else decision
+
+    def _episode_step(self, batch: list[TrainItem]) -> dict[str, float]:
         eps = self.config.clip_ratio
         losses, ratios, clipped = [], [], 0
         for item in batch:
@@ -272,7 +392,8 @@ class Composer:
                     "params": {k: v.detach() for k, v in
                                [*self.shared.items(), *(("family:" + k, v) for k, v in
                                                         self.by_family.items())]},
-                    "optimizer": self.optimizer.state_dict()}, path)
+                    "optimizer": self.optimizer.state_dict(),
+                    "rng": self._gen.get_state(), "credit": self.credit.state_dict()}, path)
 
     def load(self, path: Path) -> None:
         state = torch.load(Path(path), weights_only=True)
@@ -287,6 +408,10 @@ class Composer:
         except ValueError:
             pass  # a different decision set: fresh optimizer moments
         self.version = int(state["version"])
+        if "rng" in state:  # a resumed run continues the sampling stream, not its step-0 draws
+            self._gen.set_state(state["rng"])
+        if "credit" in state:
+            self.credit.load_state_dict(state["credit"])
 
 
 def _last_plan(messages: list[Message]) -> dict | None:

@@ -10,10 +10,11 @@ from nestor.pool.base import make_pool
 from nestor.pool.config import PoolConfig
 from nestor.tasks import TaskRegistry
 
-GOOD = {"base_model": "tiny-s", "learning_rate": "0.0003", "max_steps": "full_budget",
-        "prompts_per_step": "8", "group_size": "4", "max_new_tokens": "spec",
-        "data_source": "resampled", "n_rows": "256", "framing": "exact", "rubric": "partial",
-        "extract": "whole", "lora_rank": "0", "updates_per_step": "1", "grad_clip": "1.0"}
+GOOD = {"base_model": "tiny-s", "config_mode": "tune", "learning_rate": "scaffold",
+        "max_steps": "full_budget", "prompts_per_step": "8", "group_size": "4",
+        "max_new_tokens": "scaffold", "data_source": "resampled", "n_rows": "256",
+        "framing": "exact", "rubric": "partial", "extract": "whole", "lora_rank": "scaffold",
+        "updates_per_step": "scaffold", "grad_clip": "scaffold"}
 
 
 def _confident(comp: Composer) -> None:
@@ -43,7 +44,8 @@ def test_composer_episode_trains_and_is_rewarded(tmp_path):
     c = rec.components
     assert c["validation_efficiency"] == 1.0
     assert c["improvement"] == pytest.approx(res.post_score - res.pre_score, abs=1e-9)
-    expect = c["improvement"] + 0.1 + (0.02 * c["speed"] if c["improvement"] > 0 else 0.0)
-    assert rec.reward == pytest.approx(expect)
+    quality = 0.25 * res.post_score + 0.75 * c["improvement"]  # the seed preset
+    assert c["trained"] == 1.0 and c["quality"] == pytest.approx(quality)
+    assert rec.reward == pytest.approx(0.35 + 0.60 * quality + 0.05 * c["speed"])
     assert ep["jobs"][0]["result"]["status"] == "ok" and ep["status"] == "done"
     assert (tmp_path / "episodes" / rec.id / "job" / "config.toml").is_file()

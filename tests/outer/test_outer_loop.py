@@ -186,7 +186,11 @@ def test_resume_reuses_episodes_the_ledger_recorded(tmp_path):
                          policy_version=0, config={})  # not the loop's: ignored
     ledger.start_episode("cut", task_id="t1", family="f", difficulty=0, policy="bandit",
                          policy_version=0, config={}, group_id="1:0")
-    ledger.finish_episode("cut", end_reason="policy_error", reward=0.0, components={})
+    ledger.finish_episode("cut", end_reason="stopped", reward=0.0, components={})
+    ledger.start_episode("killed", task_id="t1", family="f", difficulty=0, policy="bandit",
+                         policy_version=0, config={}, group_id="1:1")
+    assert ledger.close_orphans() == ["other", "killed"]  # both left running
+    assert ledger.episode("killed")["end_reason"] == "orphaned"
     recorded = ledger_episodes(ledger, tmp_path)
     assert sorted((e.group_id, e.slot) for e in recorded) == [(0, 0), (0, 1)]
     assert recorded[0].turns[0].sample_logprobs == [-1.3]
@@ -199,3 +203,31 @@ def test_resume_reuses_episodes_the_ledger_recorded(tmp_path):
     assert rows[0]["group_ids"] == [0] and rows[0]["groups_used"] == 1
     assert policy.version == 1
     assert len(read_jsonl(tmp_path / "outer" / "episodes.jsonl")) == 2
+
+
+def test_policy_errors_count_toward_the_error_stop_rule(tmp_path):
+    import pytest
+
+    from nestor.outer.loop import MAX_CONSECUTIVE_ERRORS, OuterLoopError
+    from nestor.policy.base import Message, Observation
+
+    def broken(policy, ticket) -> EpisodeSummary:  # the episode ran, the policy raised
+        return EpisodeSummary(-1, -1, ticket.task_id, 0.0, policy.version, [], {},
+                              {"end_reason": "policy_error", "error": "ValueError: bad"})
+
+    loop = OuterLoop(cfg(steps=50), BanditPolicy(), broken, tmp_path)
+    with pytest.raises(OuterLoopError, match="policy error: ValueError: bad"):
+        loop.run()
+    assert loop.counters["policy_errors"] == MAX_CONSECUTIVE_ERRORS
+
+    flaky_calls = []
+
+    def flaky(policy, ticket) -> EpisodeSummary:  # every other episode is fine: no stop
+        flaky_calls.append(ticket)
+        reason = "policy_error" if len(flaky_calls) % 2 else "ok"
+        turn = policy.act(Observation(messages=[Message("user", "t")], tools=[]))
+        return EpisodeSummary(-1, -1, ticket.task_id, float(len(flaky_calls) % 3),
+                              policy.version, [turn], {}, {"end_reason": reason})
+
+    loop = OuterLoop(cfg(steps=6), BanditPolicy(), flaky, tmp_path / "flaky")
+    assert len(loop.run()) == 6 and loop.counters["policy_errors"] >= 6
