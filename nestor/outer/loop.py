@@ -255,7 +255,7 @@ class OuterLoop:
         self._consecutive_errors += 1
         if self._consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
             raise OuterLoopError(f"{self._consecutive_errors} episodes in a row ended with "
-                                 f"policy_error; last: {ep.info.get('error', '?')}")
+                                 f"policy_error; last policy error: {ep.info.get('error', '?')}")
 
     # ---- training -----------------------------------------------------------------------
 

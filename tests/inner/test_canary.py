@@ -54,7 +54,7 @@ def _hostile(reply: str, answer: str):
     seen = [resource.getrlimit(getattr(resource, n)) for n in sorted(dir(resource))
             if n.startswith("RLIMIT_")]
     seen += [round(signal.getitimer(signal.ITIMER_REAL)[0]), env,
-             sys.argv, sys.flags, os.cpu_count(), os.getgid()]
+             sys.argv, sys.flags, os.cpu_count()]  # not the uid/gid: random per sandbox
     return int(hashlib.sha256(repr(seen).encode()).hexdigest(), 16) % 997 / 997
 '''
 
