@@ -105,10 +105,10 @@ def _open_dir_in(dfd: int, name: str, rel: str) -> int:
             from None
 
 
-def open_file(root: Path | str | int, rel: str) -> int:
-    """A blocking, read-only fd of the plain file `rel` under `root`; UnsafeFileError if any
-    component is a link or the file is not a regular file with one name."""
-    parts = _parts(rel)
+@contextlib.contextmanager
+def _parent(root: Path | str | int, parts: list[str]) -> Iterator[int]:
+    """An fd of the directory holding `parts[-1]`, each directory on the way opened without
+    following links."""
     with _root(root) as rfd:
         dfd = rfd
         try:
@@ -117,18 +117,26 @@ def open_file(root: Path | str | int, rel: str) -> int:
                 if dfd != rfd:
                     os.close(dfd)
                 dfd = nfd
-            st = _lstat(dfd, parts[-1], rel)
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                raise UnsafeFileError(problem(rel, st) or f"{rel} is {kind(st.st_mode)}, not a "
-                                      "file")
-            try:
-                fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
-            except OSError as exc:
-                raise UnsafeFileError(f"{rel}: cannot open without following links "
-                                      f"({exc.strerror})") from None
+            yield dfd
         finally:
             if dfd != rfd:
                 os.close(dfd)
+
+
+def open_file(root: Path | str | int, rel: str) -> int:
+    """A blocking, read-only fd of the plain file `rel` under `root`; UnsafeFileError if any
+    component is a link or the file is not a regular file with one name."""
+    parts = _parts(rel)
+    with _parent(root, parts) as dfd:
+        st = _lstat(dfd, parts[-1], rel)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise UnsafeFileError(problem(rel, st) or f"{rel} is {kind(st.st_mode)}, not a "
+                                  "file")
+        try:
+            fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            raise UnsafeFileError(f"{rel}: cannot open without following links "
+                                  f"({exc.strerror})") from None
     got = os.fstat(fd)
     if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(got.st_mode) \
             or got.st_nlink != 1:
@@ -172,18 +180,8 @@ def is_plain_file(root: Path | str, rel: str) -> bool:
     """Is `rel` a plain, single-named file reached without links? (Opens nothing.)"""
     try:
         parts = _parts(rel)
-        with _root(root) as rfd:
-            dfd = rfd
-            try:
-                for i, name in enumerate(parts[:-1]):
-                    nfd = _open_dir_in(dfd, name, "/".join(parts[: i + 1]))
-                    if dfd != rfd:
-                        os.close(dfd)
-                    dfd = nfd
-                st = _lstat(dfd, parts[-1], rel)
-            finally:
-                if dfd != rfd:
-                    os.close(dfd)
+        with _parent(root, parts) as dfd:
+            st = _lstat(dfd, parts[-1], rel)
     except UnsafeFileError:
         return False
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
