@@ -1,7 +1,6 @@
 """Hostile or broken job code ends as a failed check with a clear message, within its time
 limit, and the harness (and the next job) carry on."""
 
-import os
 import shutil
 import time
 import uuid
@@ -14,6 +13,7 @@ from nestor.job.tasksource import Timeouts, prewarm
 from nestor.job.validate import PROBE_LIMITS, validate_job
 from nestor.sandbox import sandbox_backend
 from nestor.tasks import TaskRegistry
+from tests.sandbox.sandbox_helpers import processes_with
 
 GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
 SPEC = TaskRegistry().get("reverse").spec()
@@ -174,24 +174,11 @@ def test_exits_at_import(tmp_path, code, needle):
     check(make_job(tmp_path / "j", at_import=code), "imports", needle)
 
 
-def _processes_with(marker: str) -> list[int]:
-    pids = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
-
-
 def _gone(marker: str, within_s: float = 5.0) -> bool:
     deadline = time.monotonic() + within_s
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return not _processes_with(marker)
+    return not processes_with(marker)
 
 
 ATTACK_PARENT = '''
@@ -253,7 +240,7 @@ def test_a_job_cannot_take_over_the_next_jobs_host(tmp_path):
             src.load()
         except TaskSourceError:
             pass  # the daemon may well garble job A's own replies: its own business
-        assert _processes_with(marker), "the daemon did not start"
+        assert processes_with(marker), "the daemon did not start"
     assert _gone(marker), "job A's daemon outlived its sandbox"
     with JobTaskSource(GOOD) as src:  # the next job: served by genuine code, honest rewards
         assert src.score_batch([0, 0], ["bume", ""]).rewards == [1.0, 0.0]
