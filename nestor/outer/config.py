@@ -37,6 +37,10 @@ class PolicyConfig(_Section):
         None, ge=1, le=32768, description="lm: token cap per turn; default a quarter of the "
         "model's context, within 256..4096 (a turn may write a whole dataset file).")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
+    response_prefix: str = Field(
+        "", max_length=200, description="lm: text every reply starts with, given in the context "
+        "(never sampled, never trained), e.g. '<tool_call>{\"name\": \"' for a model too small "
+        "to call a tool unprompted.")
     credit: Literal["marginal", "episode"] = Field(
         "marginal", description="composer: marginal (each decision learns from its choices' "
         "pooled mean advantages, SGD at credit_lr) or episode (IS-GRPO with Adam at "

@@ -26,7 +26,7 @@ def make_policy(config: RunConfig):
             pc.model, device=pc.device, learning_rate=config.learning_rate,
             lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha, temperature=pc.temperature,
             max_new_tokens=pc.max_new_tokens, clip_ratio=config.clip_ratio,
-            tis_cap=config.tis_cap, seed=config.seed)
+            tis_cap=config.tis_cap, seed=config.seed, response_prefix=pc.response_prefix)
     from nestor.policy.composer import Composer, ComposerConfig
 
     episode = config.episode_config()

@@ -125,7 +125,8 @@ class LMPolicy:
                  lora_alpha: int = 16, temperature: float = 1.0, max_new_tokens: int | None = None,
                  max_context: int | None = None, clip_ratio: float = 0.0,
                  tis_cap: float = DEFAULT_TIS_CAP, grad_clip: float = 1.0, seed: int = 0,
-                 act_batch_size: int = 8, act_batch_window_s: float = 0.01):
+                 act_batch_size: int = 8, act_batch_window_s: float = 0.01,
+                 response_prefix: str = ""):
         from peft import LoraConfig, get_peft_model
 
         if tokenizer.chat_template is None:
@@ -140,6 +141,12 @@ class LMPolicy:
         self.model.eval()  # no dropout anywhere: sampler and trainer see the same function
         self.tokenizer = tokenizer
         self.temperature = temperature
+        # Text every reply starts with, put in the context after the generation prompt (so it is
+        # never an action and never trained on) and in front of the decoded reply: e.g.
+        # '<tool_call>{"name": "' gets a small model that never calls a tool to at least try.
+        self.response_prefix = response_prefix
+        self._prefix_ids = (tokenizer(response_prefix, add_special_tokens=False).input_ids
+                            if response_prefix else [])
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
         self.max_new_tokens = max_new_tokens or default_turn_tokens(self.max_context)
         self.clip_ratio = clip_ratio
@@ -180,7 +187,7 @@ class LMPolicy:
         text = self.tokenizer.apply_chat_template(
             to_hf_messages(obs.messages), tools=obs.tools or None,
             add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids + self._prefix_ids
         keep = self.max_context - self.max_new_tokens
         return ids[-keep:] if len(ids) > keep else ids  # the most recent context wins
 
@@ -204,8 +211,8 @@ class LMPolicy:
             context = self.render(obs)
         actions, logprobs = self.sample(context)
         with self._lock:
-            text = self.tokenizer.decode([t for t in actions if t != self.eos_id],
-                                         skip_special_tokens=False)
+            text = self.response_prefix + self.tokenizer.decode(
+                [t for t in actions if t != self.eos_id], skip_special_tokens=False)
             call_prefix = f"call_{self.turns_sampled}"
             self.turns_sampled += 1
         message, error = parse_assistant(text, call_prefix=call_prefix)

@@ -265,3 +265,22 @@ def test_concurrent_acts_share_one_sampling_call():
     assert policy._batcher.batch_sizes == [4]
     assert all(t is not None and len(t.action_ids) == len(t.sample_logprobs) >= 1 for t in turns)
     assert policy.turns_sampled == 4
+
+
+def test_response_prefix_is_context_not_action():
+    prefix = '<tool_call>{"name": "'
+    agent = tiny_agent(seed=3, response_prefix=prefix, max_new_tokens=12)
+    turn = agent.act(obs())
+    text = agent.tokenizer.decode(turn.context_ids, skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n" + prefix)
+    acted = agent.tokenizer.decode(turn.action_ids, skip_special_tokens=False)
+    assert prefix not in acted  # the prefix is never an action, so never trained on
+    # The reply is parsed with its prefix: a completion of the call is a tool call.
+    agent.sample = lambda ctx: (agent.tokenizer('write_file", "arguments": {}}</tool_call>',
+                                                add_special_tokens=False).input_ids, [0.0])
+    call = agent.act(obs())
+    assert call.parse_error is None and call.message.tool_calls[0].name == "write_file"
+    del agent.sample
+    with torch.no_grad():  # on-policy ratio 1 with the prefix in the context
+        logp = token_logprobs(agent.model, turn.context_ids, turn.action_ids, agent.temperature)
+    assert float((logp - torch.tensor(turn.sample_logprobs)).abs().max()) < 1e-4
