@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,7 +195,21 @@ def _acquire(limits: Limits, warm: bool, fresh_ns: bool) -> _Zygote:
                 if z.alive:
                     return z
                 z.close()
-    return _Zygote.spawn(limits, fresh_ns)
+    return _spawn(limits, fresh_ns)
+
+
+_spawner = ThreadPoolExecutor(1, thread_name_prefix="nestor-host-spawner")
+
+
+def _spawn(limits: Limits, fresh_ns: bool) -> _Zygote:
+    """Start a host from one long-lived thread: bwrap's --die-with-parent is a parent-death
+    signal tied to the spawning *thread*, and a host now outlives the job (and the thread,
+    e.g. a validation run in a worker thread) it was started for."""
+    try:
+        future = _spawner.submit(_Zygote.spawn, limits, fresh_ns)
+    except RuntimeError:  # interpreter shutdown: no new threads; this one will do
+        return _Zygote.spawn(limits, fresh_ns)
+    return future.result()
 
 
 def _release(z: _Zygote, keep: bool) -> None:
@@ -211,9 +226,8 @@ def _release(z: _Zygote, keep: bool) -> None:
 
 
 def _replenish(limits: Limits, fresh_ns: bool) -> None:
-    """Start the successor of a host that served its job, unless an idle one is there. In the
-    caller's thread (a Popen, milliseconds): bwrap's --die-with-parent is a parent-death signal
-    tied to the spawning *thread*, so a host spawned from a short-lived thread would die with it."""
+    """Start the successor of a host that was killed, unless an idle one is there (a Popen,
+    milliseconds; on the spawner thread, see `_spawn`)."""
     if sys.is_finalizing():
         return
     with contextlib.suppress(Exception):  # only a head start: a real start reports trouble
@@ -231,7 +245,7 @@ def prewarm(limits: Limits = TRAIN_LIMITS, *, wait: bool = False,
                  None)
     if z is None:
         try:
-            z = _Zygote.spawn(limits, fresh_ns)
+            z = _spawn(limits, fresh_ns)
         except SandboxError:
             return False
         with _idle_lock:
@@ -281,7 +295,9 @@ class JobTaskSource:
         try:
             _copy_job(self.job_dir, self._staged)
         except (OSError, UnsafeFileError) as exc:
-            _release(self._zygote, keep=True)
+            z, self._zygote = self._zygote, None  # released once: close() and __del__ skip it
+            shutil.rmtree(self._staged, ignore_errors=True)
+            _release(z, keep=True)
             raise TaskSourceError("host", f"could not stage the job: {exc}") from None
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -218,3 +218,25 @@ def test_a_jobs_stderr_tail_holds_none_of_the_previous_jobs_output(tmp_path):
         tail = src.stderr_tail(100_000)
         assert "OUTPUT-OF-B" in tail and "SECRET-OF-A" not in tail, tail
         assert src._zygote is host or not host.hello.get("fresh_ns")  # the warm path
+
+
+def test_a_job_that_cannot_be_staged_releases_its_host_once(tmp_path):
+    job = _copy(tmp_path, "link")
+    (job / "env" / "reverse_job" / "extra.py").symlink_to(job / "config.toml")
+    with pytest.raises(TaskSourceError, match="could not stage"):
+        JobTaskSource(job, package="reverse_job")
+    import gc
+
+    gc.collect()  # the half-built source's __del__ must not release its host a second time
+    assert len(tasksource._idle) == len(set(map(id, tasksource._idle)))
+
+
+def test_a_host_started_from_a_short_lived_thread_outlives_it():
+    import threading
+
+    tasksource.shutdown_hosts()
+    t = threading.Thread(target=lambda: tasksource.prewarm(wait=True))
+    t.start()
+    t.join()
+    time.sleep(0.5)  # bwrap's parent-death signal, were the host a child of that thread
+    assert tasksource._idle and all(z.alive for z in tasksource._idle)
