@@ -1,10 +1,10 @@
 """Validation-probe latency on a good example job (targets: warm p50 ≤ 2 s, p95 ≤ 6 s).
 
-Three series. `warm`, as an episode or pool worker sees it: the job's sandboxed host (one per
-job, started ahead: interpreter + `import verifiers`) is up when the probe starts. `cold`: the
-probe starts its own host (seconds). `back_to_back`: probes with no pause in between, so each
-finds only the successor host its predecessor started on close, possibly not ready yet — the
-price of one sandbox per job. All run in one process, so the base model and tokenizer stay
+Three series. `warm`, as an episode or pool worker sees it: the job's sandboxed host (started
+ahead: interpreter + `import verifiers`) is up when the probe starts. `cold`: the probe starts
+its own host (seconds). `back_to_back`: probes with no pause in between: each finds the host
+its predecessor ended cleanly (fresh namespaces per job), or, where the host cannot make them,
+only the successor host its predecessor started on close, possibly not ready yet. All run in one process, so the base model and tokenizer stay
 loaded after the first probe.
 
     .venv/bin/python benchmarks/validate_speed.py [--runs 10] [--cold-runs 3] [--b2b-runs 3]

@@ -5,32 +5,41 @@ only the standard library and verifiers — never nestor. One request per stdin 
 object per stdout line; every reply has `ok`, failures carry `stage` and `error` (a message the
 job's author can act on).
 
-The process is a zygote: it imports verifiers (seconds) before its job arrives, so the job does
-not wait for the import, then serves that one job in a forked child (the trusted side starts a
-fresh host, in a fresh sandbox, for every job; a second job is refused). The zygote is not
-dumpable, so the job's processes cannot read or write its memory. The zygote answers `hello`
-and `job`; the job's child answers the rest:
+The process is a zygote: it imports verifiers (seconds) once, then serves many jobs, one at a
+time, each in processes forked for it and never in its own (host_ns.py, bound next to this
+file): C unshares a user, pid, mount, ipc and network namespace and mounts a fresh /tmp and
+/dev/shm; G, pid 1 there, drops every capability and stacks the full seccomp filter; J, G's
+child, is the job's server. The job gets its own request and reply pipes: the zygote relays
+one reply line per request and never lets a job near its own stream. On `end` it closes the
+job's requests, and (if J does not exit within END_GRACE_S) has C kill G; when G exits the
+kernel kills every process of the namespace, and only then does the zygote answer. The zygote
+is not dumpable, so no job can read or write its memory, fds or environment. A trial run at
+start (host_ns.probe) decides whether it can do this; where not (or with --no-fresh-ns), it
+serves one job only and the trusted side starts a fresh host, in a fresh sandbox, per job.
 
-  {"cmd": "hello", "nonce": x}          -> versions, import time; x echoed (a stream check)
+  {"cmd": "hello", "nonce": x}          -> versions, import time, host id, jobs served,
+                                           fresh_ns (and why not); x echoed
   {"cmd": "job", "dir": DIR, "cpu_s": c, "memory_mb": m}
-                                        -> forks the job's child under those limits; it
-                                           replies {"pid"}
+                                        -> starts the job's processes, J under those limits;
+                                           replies {"pid", "host", "jobs", "fresh_ns"}
   {"cmd": "import", "package": NAME}    -> imports DIR/env/NAME, finds its one Taskset
   {"cmd": "load", "max_tasks": N}       -> tasks [{"prompt", "answer", "system_prompt"}]
   {"cmd": "score", "items": [{"task": i, "completion": s}]}
                                         -> rewards [float|null], errors [str|null],
                                            components [{name: score}], elapsed_s
-  {"cmd": "end"}                        -> the child exits; the zygote reaps it, kills what it
-                                           left running, replies {"ended"}
+  {"cmd": "end"}                        -> the zygote ends the job (nothing of it runs any
+                                           more), replies {"ended", "clean"}
 
-If the child dies mid-request (a CPU limit, os._exit in the job), the zygote answers for it
-with stage "died". The job's prints would corrupt the protocol, so fd 1 is moved to a private
+If J dies mid-request (a CPU limit, a timeout, os._exit in the job), the zygote answers for it
+with stage "died"; if the job wrote a line nobody asked for, with stage "protocol" (the job is
+ended). The job's prints would corrupt the protocol, so fd 1 is moved to a private
 descriptor and whatever the job writes to stdout goes to stderr instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import importlib
@@ -38,8 +47,6 @@ import inspect
 import json
 import math
 import os
-import resource
-import shutil
 import signal
 import sys
 import time
@@ -59,7 +66,6 @@ MAX_TEXT = 16_384  # chars per prompt / answer we ship back; longer ones cannot 
 
 JOB: dict = {}  # in a job's child: its dir, Taskset class, loaded tasks
 END_CODE = 77  # the child's exit status after a clean `end`
-PRIVATE_UIDS = range(200_000, 265_000)  # the sandbox's per-child uids: kill(-1) is safe there
 
 
 class Failure(Exception):
@@ -86,8 +92,10 @@ def describe(exc: BaseException) -> str:
 
 
 def cmd_hello(req: dict) -> dict:
-    return {"nonce": req.get("nonce"), "python": sys.version.split()[0], "verifiers": __import__("verifiers").__version__,
-            "import_s": round(IMPORT_S, 3)}
+    return {"nonce": req.get("nonce"), "python": sys.version.split()[0],
+            "verifiers": __import__("verifiers").__version__, "import_s": round(IMPORT_S, 3),
+            "host": HOST["id"], "jobs": HOST["jobs"], "fresh_ns": HOST["fresh_ns"],
+            "fresh_ns_error": HOST["fresh_ns_error"]}
 
 
 def cmd_import(req: dict) -> dict:
@@ -311,8 +319,9 @@ def serve_job(job_dir: str) -> None:
     """The job's child: answer its requests until `end` or EOF."""
     global LOOP
     OWNER[0] = os.getpid()
+    _inbuf.clear()
     os.setpgid(0, 0)  # its own process group: whatever it forks dies with it
-    LOOP = asyncio.new_event_loop()  # the zygote's loop shares its epoll fd with us: not ours
+    LOOP = asyncio.new_event_loop()  # the zygote closed its own after the warm-up
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a request past its timeout kills the child
     JOB.clear()
     JOB["dir"] = os.path.realpath(job_dir)
@@ -351,89 +360,99 @@ def serve_job(job_dir: str) -> None:
         reply(out)
 
 
-def _exit_reason(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig
-        if sig == signal.SIGALRM:
-            return "timeout"
-        hint = {signal.SIGXCPU: " (CPU time limit)", signal.SIGKILL: " (memory or CPU limit)",
-                signal.SIGXFSZ: " (file size limit)", signal.SIGSEGV: " (crash)"}.get(sig, "")
-        return f"the job's process was killed by {name}{hint}"
-    return f"the job's process exited with code {os.WEXITSTATUS(status)} mid-request " \
-        "(os._exit or a crash in the job's code)"
+def _load_ns():
+    """host_ns.py, bound next to this file (-I keeps our directory off sys.path)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_ns.py")
+    spec = importlib.util.spec_from_file_location("nestor_host_ns", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _clear_tmp() -> None:
-    """Remove what the job left in the sandbox's private tmp, so the next job starts clean
-    (only files of our own private uid: nothing else's is touched)."""
-    tmp = os.environ.get("TMPDIR") or "/tmp"
+NS = None  # host_ns, once main() loaded it
+HOST = {"id": os.urandom(8).hex(), "fresh_ns": False, "fresh_ns_error": "not probed",
+        "jobs": 0, "tmp_bytes": 64 << 20}
+MAX_REPLY = 64 << 20  # one relayed reply line; the trusted side's own cap is lower
+END_GRACE_S = 2.0  # an honest job's server exits at once when its requests end
+
+
+def _job_main(req: dict) -> int:
+    """J, the job's server (in the job's namespaces, confined): its exit status."""
+    code = END_CODE
     try:
-        entries = list(os.scandir(tmp))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
+        NS.lower_limits(req)
+        serve_job(str(req.get("dir", "")))
+    except BaseException:  # noqa: BLE001 - J must never return into the zygote's code
+        code = 1
+    with contextlib.suppress(BaseException):
+        PROTOCOL.flush()
+    return code
 
 
-def _reap(pid: int) -> None:
-    """Kill what the job's child left behind: its process group, and (under the sandbox's
-    private uid, where nothing else of ours runs) every other process but this one."""
+def _finish(job, grace_s: float) -> tuple[int | None, str | None]:
+    status, error = job.finish(grace_s)
+    if not HOST["fresh_ns"]:
+        NS.reap_strays()
+    return status, error
+
+
+def _open_job(req: dict):
+    """Start a job's processes; (the job, the reply) or (None, an error reply)."""
+    t0 = time.perf_counter()
+    # Before any of its code runs: the trusted side shows a job only stderr after this line.
+    os.write(2, f"\n[nestor host: job {HOST['jobs'] + 1} starts]\n".encode())
+    job = NS.JobProcess(functools.partial(_job_main, req), fresh=HOST["fresh_ns"],
+                        tmp_bytes=HOST["tmp_bytes"], prog=NS_FILTER[0],
+                        proto_fd=PROTOCOL.fileno())
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    if os.getuid() in PRIVATE_UIDS:
-        try:
-            os.kill(-1, signal.SIGKILL)  # Linux spares the caller
-        except OSError:
-            pass
-        _clear_tmp()
+        line = job.read_reply(MAX_REPLY)
+        first = json.loads(line) if line else None  # our own code wrote it, before any job's
+    except (OSError, ValueError):
+        first = None
+    if isinstance(first, dict) and first.get("ok") and "pid" in first:
+        HOST["jobs"] += 1
+        return job, {"ok": True, "pid": first["pid"], "host": HOST["id"], "jobs": HOST["jobs"],
+                     "fresh_ns": HOST["fresh_ns"], "setup_s": round(time.perf_counter() - t0, 4)}
+    status, error = _finish(job, 0.0)
+    if isinstance(first, dict) and not first.get("ok"):
+        return None, first
+    return None, {"ok": False, "stage": "host",
+                  "error": f"could not open the job: {error or NS.exit_reason(status)}"}
+
+
+def _relay(job, line: bytes):
+    """Forward one request to the job and its one reply line back; the job, or None if it
+    ended (then the reply says why)."""
+    if job.buf.strip():
+        _finish(job, 0.0)
+        text = bytes(job.buf).strip().splitlines()[0][:200]
+        reply({"ok": False, "stage": "protocol",
+               "error": f"the job wrote to its reply pipe without being asked: {text!r}"})
+        return None
+    job.buf.clear()
+    job.send(line + b"\n")
     try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-
-
-def _cap(value: int, want: int) -> int:
-    return want if value == resource.RLIM_INFINITY else min(value, want)
-
-
-def _lower_limits(req: dict) -> None:
-    """This job's own CPU and memory caps (the zygote's are the most any job gets). CPU gets
-    SIGXCPU at the soft limit and SIGKILL a second later, like the sandbox's own."""
-    if req.get("cpu_s"):
-        want = int(req["cpu_s"])
-        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        resource.setrlimit(resource.RLIMIT_CPU, (_cap(soft, want), _cap(hard, want + 1)))
-    if req.get("memory_mb"):
-        want = int(req["memory_mb"]) << 20
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (_cap(soft, want), _cap(hard, want)))
-
-
-def _not_dumpable() -> None:
-    """PR_SET_DUMPABLE 0: processes of the same uid (the job's) cannot open our /proc/<pid>/mem,
-    fds or environ, nor ptrace us (seccomp refuses that anyway)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except (OSError, AttributeError):
-        pass
+        out = job.read_reply(MAX_REPLY)
+    except OSError as exc:
+        _finish(job, 0.0)
+        reply({"ok": False, "stage": "protocol", "error": str(exc)})
+        return None
+    if out is not None:
+        PROTOCOL.flush()
+        view = memoryview(out)
+        while view:
+            view = view[os.write(PROTOCOL.fileno(), view):]
+        return job
+    status, _ = _finish(job, END_GRACE_S)
+    reply({"ok": False, "stage": "died", "error": NS.exit_reason(status)})
+    return None
 
 
 def zygote() -> None:
-    served: list[str] = []  # one job per host: the trusted side starts a new host per job
+    """Serve jobs one at a time, each in fresh namespaces (host_ns.py); without them, one job."""
+    job = None
     while (line := read_line()) is not None:
         try:
             req = json.loads(line)
@@ -443,35 +462,26 @@ def zygote() -> None:
             continue
         if cmd == "hello":
             reply({"ok": True, **cmd_hello(req)})
-            continue
-        if cmd == "end":  # no job open (its child already died): just acknowledge
-            reply({"ok": True, "ended": True})
-            continue
-        if cmd != "job":
+        elif cmd == "end":  # the zygote, never the job, says when a job has ended
+            clean = True
+            if job is not None:
+                status, _ = _finish(job, END_GRACE_S)
+                job, clean = None, status is not None and os.WIFEXITED(status) \
+                    and os.WEXITSTATUS(status) == END_CODE
+            reply({"ok": True, "ended": True, "clean": clean})
+        elif cmd == "job":
+            if job is not None:
+                reply({"ok": False, "stage": "host", "error": "a job is open: end it first"})
+            elif HOST["jobs"] and not HOST["fresh_ns"]:
+                reply({"ok": False, "stage": "host", "error": "this host serves one job only "
+                       f"(no fresh namespaces here: {HOST['fresh_ns_error']})"})
+            else:
+                job, out = _open_job(req)
+                reply(out)
+        elif job is None:
             reply({"ok": False, "stage": "host", "error": f"no job is open for {cmd!r}"})
-            continue
-        job_dir = str(req.get("dir", ""))
-        if served and job_dir != served[0]:
-            reply({"ok": False, "stage": "host", "error": "this host serves one job only"})
-            continue
-        served[:] = [job_dir]
-        pid = os.fork()
-        if pid == 0:
-            code = END_CODE
-            try:
-                _lower_limits(req)
-                serve_job(job_dir)
-            except BaseException:  # noqa: BLE001 - the child must never return into the zygote
-                code = 1
-            finally:
-                PROTOCOL.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        _reap(pid)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == END_CODE:
-            reply({"ok": True, "ended": True})
         else:
-            reply({"ok": False, "stage": "died", "error": _exit_reason(status)})
+            job = _relay(job, line)
 
 
 def _warm_up() -> None:
@@ -490,17 +500,43 @@ def _warm_up() -> None:
     LOOP.run_until_complete(task.score(_trace(task, "up")))
 
 
+NS_FILTER: list = [None]  # the full seccomp filter each job gets stacked on (host_ns.py)
+
+
+def _fresh_ns(argv: list[str]) -> None:
+    """Whether jobs get fresh namespaces here: asked for (no --no-fresh-ns), and a trial run
+    of the whole set-up works (host_ns.probe). Either way, `hello` says so."""
+    if "--tmp-mb" in argv:
+        HOST["tmp_bytes"] = int(argv[argv.index("--tmp-mb") + 1]) << 20
+    if "--no-fresh-ns" in argv:
+        HOST["fresh_ns_error"] = "turned off by the trusted side (--no-fresh-ns)"
+        return
+    try:
+        NS_FILTER[0] = NS.load_filter()
+        why = NS.probe(NS_FILTER[0], HOST["tmp_bytes"])
+    except Exception as exc:  # noqa: BLE001 - fail closed: one job per host
+        why = f"{type(exc).__name__}: {exc}"
+    HOST["fresh_ns"], HOST["fresh_ns_error"] = why is None, why
+
+
 def main() -> None:
+    global LOOP, NS
+    NS = _load_ns()
     try:
         _warm_up()
     except Exception as exc:  # only ever a cost, never a reason to stop
         print(f"host warm-up failed: {exc}", file=sys.stderr)
+    LOOP.close()  # its epoll fd and self-pipe must not pass on to jobs; each job makes its own
+    LOOP = None
+    # Blocked here, so that C (host_ns) cannot be stopped by it before its handler is set.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     # verifiers leaves ~10^6 long-lived objects; without this the first full collections
     # in every job walk them all (0.6 s on the first big batch). Frozen, they also stay
     # shared copy-on-write with the forked children.
     gc.collect()
     gc.freeze()
-    _not_dumpable()
+    NS.not_dumpable()
+    _fresh_ns(sys.argv[1:])
     zygote()
 
 

@@ -6,13 +6,18 @@ rewards for completions. The validation probe and the GRPO trainer's reward serv
 it. Every failure of the job's code, or of the child, comes back as a `TaskSourceError` whose
 `stage` says which part of the job to fix.
 
-One sandbox per job: a host (see host.py) pays the seconds of `import verifiers` ahead of time,
-then serves exactly one job, in a child it forks, and is killed with everything in its sandbox
-(bwrap's pid namespace) when the job closes. Nothing that ran a job's code — process, uid,
-memory, /tmp, protocol pipes — ever serves another job. Speed comes from starting hosts early:
-`prewarm()` starts one, and a warm `JobTaskSource` that used one starts its successor on
-close, so the next job (the next probe of an episode, the next job of a pool worker) finds a
-host that is ready. A host that never opened its job goes back to the idle list.
+A warm host serves one job after another: it (see host.py) pays the seconds of `import
+verifiers` once, and never runs job code in its own process. Each job runs in processes forked
+for it in fresh user, pid, mount, ipc and network namespaces, with a fresh /tmp and /dev/shm,
+no capabilities, the full seccomp filter and pipes of its own (host_ns.py); when it ends, its
+whole pid namespace is gone before the host says so. Nothing that ran a job's code — process,
+memory, /tmp, protocol pipes — serves another job; what later jobs share with it is the
+sandbox's uid, one at a time. A host whose job ended cleanly goes back to the idle list; one
+whose job broke the protocol, died or timed out is killed with everything in its sandbox, and
+a warm `JobTaskSource` then starts its successor on close. Where the host cannot make fresh
+namespaces (its `hello` says `fresh_ns: false`; or `fresh_ns=False` here) each job gets its own
+host, as a fallback: speed then comes from starting hosts early (`prewarm()`). A host that
+never opened its job goes back to the idle list; one is retired after MAX_JOBS_PER_HOST jobs.
 """
 
 from __future__ import annotations
@@ -27,18 +32,24 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nestor.job.layout import read_layout
 from nestor.job.safe_read import UnsafeFileError, copy_tree
 from nestor.sandbox import Limits, SandboxedProcess, SandboxError
+from nestor.sandbox.backend import seccomp_in_use
+from nestor.sandbox.seccomp import filter_program
 
 HOST_SCRIPT = Path(__file__).with_name("host.py")
 HOST_IN = "/opt/nestor/host.py"
+HOST_NS_IN = "/opt/nestor/host_ns.py"  # next to host.py, which loads it from its own directory
+FILTER_IN = "/opt/nestor/seccomp.bpf"  # the full filter, stacked on each job by host_ns.py
 JOBS_IN = "/jobs"
 MAX_TASKS = 20_000
-MAX_IDLE = 2  # idle (never used) hosts kept per process
+MAX_IDLE = 2  # idle hosts kept per process
+MAX_JOBS_PER_HOST = 200  # then a host is retired, so that nothing accumulates for ever
 # The host's replies: one small JSON object, at most this deep ({"tasks": [{"prompt": ...}]}).
 MAX_REPLY_DEPTH = 4
 HOST_NAME = "the taskset host"
@@ -84,25 +95,45 @@ class _Zygote:
     process: SandboxedProcess
     stage: Path  # host dir bound read-only at JOBS_IN; jobs are copied into it
     limits: Limits
+    fresh_ns: bool  # asked for: jobs in fresh namespaces (the host's hello says if it can)
     hello: dict = field(default_factory=dict)
+    jobs: int = 0  # jobs opened in it (the host's own count)
 
     @classmethod
-    def spawn(cls, limits: Limits) -> _Zygote:
-        stage = Path(tempfile.mkdtemp(prefix="nestor-jobs-"))
+    def spawn(cls, limits: Limits, fresh_ns: bool = True) -> _Zygote:
+        root = Path(tempfile.mkdtemp(prefix="nestor-host-"))  # stage and filter: ours only
+        stage = root / "jobs"
+        stage.mkdir(mode=0o755)
         os.chmod(stage, 0o755)  # the sandbox runs as an unprivileged uid
+        binds = {str(HOST_SCRIPT): HOST_IN, str(HOST_SCRIPT.with_name("host_ns.py")): HOST_NS_IN,
+                 str(stage): JOBS_IN}
+        argv = [sys.executable, "-I", HOST_IN, "--tmp-mb", str(limits.tmp_mb)]
         try:
-            process = SandboxedProcess(
-                [sys.executable, "-I", HOST_IN],
-                ro_binds={str(HOST_SCRIPT): HOST_IN, str(stage): JOBS_IN},
-                limits=limits, cwd="/tmp", name=HOST_NAME, max_depth=MAX_REPLY_DEPTH)
+            # Fresh namespaces need the full filter to stack on every job: without seccomp
+            # the host is told not to try, and serves one job.
+            fresh_ns = fresh_ns and seccomp_in_use()
+            if fresh_ns:
+                bpf = root / "seccomp.bpf"
+                bpf.write_bytes(filter_program())
+                binds[str(bpf)] = FILTER_IN
+            else:
+                argv.append("--no-fresh-ns")
+            process = SandboxedProcess(argv, ro_binds=binds, limits=limits, cwd="/tmp",
+                                       name=HOST_NAME, max_depth=MAX_REPLY_DEPTH, zygote=fresh_ns)
         except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
             raise
-        return cls(process, stage, limits)
+        return cls(process, stage, limits, fresh_ns)
 
     @property
     def alive(self) -> bool:
         return self.process.alive
+
+    @property
+    def reusable(self) -> bool:
+        """Serves one job after another: each in fresh namespaces (the host checked it can)."""
+        return self.alive and self.hello.get("fresh_ns") is True and \
+            self.jobs < MAX_JOBS_PER_HOST
 
     def path_inside(self, host_path: Path) -> str:
         """Where the sandbox sees a staged job (fallback backends cannot remap paths)."""
@@ -115,10 +146,19 @@ class _Zygote:
             self.hello = self.process.request({"cmd": "hello"}, timeout_s=timeout_s)
         return self.hello
 
+    def end_job(self, timeout_s: float) -> bool:
+        """Ask the host to end its open job; whether it did so cleanly. The host itself kills
+        the job's pid namespace and answers once nothing of the job runs any more."""
+        try:
+            reply = self.process.request({"cmd": "end"}, timeout_s=timeout_s)
+        except SandboxError:
+            return False
+        return reply.get("ok") is True and reply.get("ended") is True and reply.get("clean") is True
+
     def close(self) -> None:
-        # No grace: the host served its one job; SIGKILL its group (and so its pid namespace).
+        # No grace: SIGKILL its group (and so its pid namespace).
         self.process.close(grace_s=0.0)
-        shutil.rmtree(self.stage, ignore_errors=True)
+        shutil.rmtree(self.stage.parent, ignore_errors=True)
 
 
 _idle: list[_Zygote] = []
@@ -142,52 +182,70 @@ def host_limits(limits: Limits) -> Limits:
         "sandbox_memory_mb": limits.total_memory_mb()})
 
 
-def _acquire(limits: Limits, warm: bool) -> _Zygote:
+def _acquire(limits: Limits, warm: bool, fresh_ns: bool) -> _Zygote:
     limits = host_limits(limits)
     if warm:
         with _idle_lock:
             while True:
-                z = next((z for z in _idle if z.limits == limits), None)
+                z = next((z for z in reversed(_idle)
+                          if z.limits == limits and z.fresh_ns == fresh_ns), None)
                 if z is None:
                     break
                 _idle.remove(z)
                 if z.alive:
                     return z
                 z.close()
-    return _Zygote.spawn(limits)
+    return _spawn(limits, fresh_ns)
+
+
+_spawner = ThreadPoolExecutor(1, thread_name_prefix="nestor-host-spawner")
+
+
+def _spawn(limits: Limits, fresh_ns: bool) -> _Zygote:
+    """Start a host from one long-lived thread: bwrap's --die-with-parent is a parent-death
+    signal tied to the spawning *thread*, and a host now outlives the job (and the thread,
+    e.g. a validation run in a worker thread) it was started for."""
+    try:
+        future = _spawner.submit(_Zygote.spawn, limits, fresh_ns)
+    except RuntimeError:  # interpreter shutdown: no new threads; this one will do
+        return _Zygote.spawn(limits, fresh_ns)
+    return future.result()
 
 
 def _release(z: _Zygote, keep: bool) -> None:
-    """keep: the host never ran job code and may serve another job."""
+    """keep: the host may serve another job (it never opened one, or it ended its last one
+    cleanly and gives each job fresh namespaces)."""
+    evicted = None
     if keep and z.alive:
         with _idle_lock:
-            if len(_idle) < MAX_IDLE:
-                _idle.append(z)
+            _idle.append(z)  # the most recent last: `_acquire` takes it first (it is ready)
+            if len(_idle) <= MAX_IDLE:
                 return
-    z.close()
+            evicted = _idle.pop(0)
+    (evicted or z).close()
 
 
-def _replenish(limits: Limits) -> None:
-    """Start the successor of a host that served its job, unless an idle one is there. In the
-    caller's thread (a Popen, milliseconds): bwrap's --die-with-parent is a parent-death signal
-    tied to the spawning *thread*, so a host spawned from a short-lived thread would die with it."""
+def _replenish(limits: Limits, fresh_ns: bool) -> None:
+    """Start the successor of a host that was killed, unless an idle one is there (a Popen,
+    milliseconds; on the spawner thread, see `_spawn`)."""
     if sys.is_finalizing():
         return
     with contextlib.suppress(Exception):  # only a head start: a real start reports trouble
-        prewarm(limits)
+        prewarm(limits, fresh_ns=fresh_ns)
 
 
 def prewarm(limits: Limits = TRAIN_LIMITS, *, wait: bool = False,
-            timeout_s: float = Timeouts.start_s) -> bool:
+            timeout_s: float = Timeouts.start_s, fresh_ns: bool = True) -> bool:
     """Make sure an idle host for these limits exists (start one if not), so that the next
     `JobTaskSource(..., warm=True)` skips the start-up; `wait` blocks until it is ready.
     Returns whether a ready-or-starting host is there."""
     limits = host_limits(limits)
     with _idle_lock:
-        z = next((z for z in _idle if z.limits == limits and z.alive), None)
+        z = next((z for z in _idle if z.limits == limits and z.fresh_ns == fresh_ns and z.alive),
+                 None)
     if z is None:
         try:
-            z = _Zygote.spawn(limits)
+            z = _spawn(limits, fresh_ns)
         except SandboxError:
             return False
         with _idle_lock:
@@ -222,21 +280,24 @@ class JobTaskSource:
 
     def __init__(self, job_dir: Path | str, *, limits: Limits = TRAIN_LIMITS,
                  timeouts: Timeouts = Timeouts(), warm: bool = True,
-                 max_tasks: int = MAX_TASKS, package: str | None = None):
+                 max_tasks: int = MAX_TASKS, package: str | None = None,
+                 fresh_ns: bool = True):
         self.job_dir = Path(job_dir).resolve()
         self.package = package or read_layout(self.job_dir).package
         self.limits, self.timeouts, self.max_tasks = limits, timeouts, max_tasks
         self.timings: dict[str, float] = {}
         self.info: dict = {}
         self._tasks: list[dict] | None = None
-        self._imported = self._opened = self._broken = self._used = False
-        self._warm = warm
-        self._zygote = _acquire(limits, warm)
+        self._imported = self._opened = self._broken = self._used = self._died = False
+        self._warm, self._fresh_ns = warm, fresh_ns
+        self._zygote = _acquire(limits, warm, fresh_ns)
         self._staged = self._zygote.stage / uuid.uuid4().hex
         try:
             _copy_job(self.job_dir, self._staged)
         except (OSError, UnsafeFileError) as exc:
-            _release(self._zygote, keep=True)
+            z, self._zygote = self._zygote, None  # released once: close() and __del__ skip it
+            shutil.rmtree(self._staged, ignore_errors=True)
+            _release(z, keep=True)
             raise TaskSourceError("host", f"could not stage the job: {exc}") from None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -244,12 +305,16 @@ class JobTaskSource:
         z, self._zygote = self._zygote, None
         if z is None:
             return
-        # A host that opened the job ran its code: it is killed, never reused (one sandbox per
-        # job); one that never did goes back to the idle list.
-        shutil.rmtree(self._staged, ignore_errors=True)
-        _release(z, keep=not self._used and not self._broken)
-        if self._used and self._warm:
-            _replenish(self.limits)
+        # A host that never opened the job goes back to the idle list; so does one that ended
+        # it cleanly in fresh namespaces (nothing of the job runs any more, and the next job
+        # gets new ones). Any other is killed with its sandbox, and a successor started.
+        reuse = not self._broken and (not self._used or (
+            z.reusable and not self._died and self._opened
+            and z.end_job(self.timeouts.end_s + GRACE_S)))
+        shutil.rmtree(self._staged, ignore_errors=True)  # before any next job is staged
+        _release(z, keep=reuse)
+        if not reuse and self._used and self._warm:
+            _replenish(self.limits, self._fresh_ns)
 
     def __enter__(self) -> JobTaskSource:
         return self
@@ -288,8 +353,10 @@ class JobTaskSource:
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - t0
         if not reply.get("ok"):
             got, error = str(reply.get("stage", stage)), str(reply.get("error", reply))
+            if got == "protocol":  # the job wrote replies of its own: not reused
+                self._broken, got = True, stage
             if got == "died":  # the zygote reaped the child and is ready for another job
-                self._opened, got = False, stage
+                self._opened, self._died, got = False, True, stage
                 if error == "timeout":
                     raise TaskSourceError(stage, _explain(stage, "did not reply within", timeout_s))
             raise TaskSourceError(got, _limit_hint(error, self.limits))
@@ -309,11 +376,17 @@ class JobTaskSource:
             finally:
                 self.timings["host"] = time.perf_counter() - t0
             self._used = True  # from here on the host may run job code
-            self._request("host", {"cmd": "job", "dir": self._zygote.path_inside(self._staged),
-                                   "cpu_s": self.limits.cpu_s,
-                                   "memory_mb": self.limits.memory_mb}, self.timeouts.start_s)
+            self._zygote.process.restart_cpu_bound()  # the whole-sandbox CPU bound is per job
+            # stderr tails show this job's output only, never an earlier job's (host.py)
+            self._zygote.process.set_stderr_mark(
+                f"[nestor host: job {self._zygote.jobs + 1} starts]".encode())
+            opened = self._request("host", {
+                "cmd": "job", "dir": self._zygote.path_inside(self._staged),
+                "cpu_s": self.limits.cpu_s, "memory_mb": self.limits.memory_mb},
+                self.timeouts.start_s)
             self._opened = True
-            self.info["host"] = hello
+            self._zygote.jobs = int(opened.get("jobs") or 1)
+            self.info["host"], self.info["job"] = hello, opened
         return self.info["host"]
 
     def import_env(self) -> dict:

@@ -316,9 +316,15 @@ def _warn_once(message: str) -> None:
 _SECCOMP_BROKEN: list[str] = []  # set once by detect_backend
 
 
-def seccomp_fd() -> int | None:
-    """A fresh memfd with the seccomp filter for one bwrap child, or None where not used."""
-    return None if _SECCOMP_BROKEN else seccomp.filter_fd()
+def seccomp_fd(zygote: bool = False) -> int | None:
+    """A fresh memfd with the seccomp filter for one bwrap child, or None where not used
+    (zygote: the job host's variant, see seccomp.py)."""
+    return None if _SECCOMP_BROKEN else seccomp.filter_fd(zygote)
+
+
+def seccomp_in_use() -> bool:
+    """Whether bubblewrap children here run under the seccomp filter."""
+    return detect_backend() == "bubblewrap" and seccomp.supported() and not _SECCOMP_BROKEN
 
 
 def _probe(*, bubblewrap: bool, with_seccomp: bool = True) -> str | None:

@@ -11,7 +11,8 @@ namespace's init, which is one of them):
   process that exits does not take its CPU with it);
 - memory: proportional set size (Pss, /proc/PID/smaps_rollup), so pages shared copy-on-write
   between a zygote and its child count once.
-Past either bound the sandbox is killed (its process group, and so its pid namespace) and the
+A sandbox that serves one job after another (the job host) calls `rebase` when a job starts:
+its CPU bound then counts that job only. Past either bound the sandbox is killed (its process group, and so its pid namespace) and the
 reason is recorded for the error message. A bound is checked at most POLL_S late: a memory
 spike between two scans is caught by the per-process RLIMIT_AS instead.
 """
@@ -38,6 +39,7 @@ class Watch:
     memory_used_mb: float = 0.0
     breached: str | None = None
     _peak_cpu: float = field(default=0.0, repr=False)
+    _base_cpu: float = field(default=0.0, repr=False)  # CPU before the current job (rebase)
 
 
 class Watchdog:
@@ -67,6 +69,16 @@ class Watchdog:
             if self._watches.get(w.root) is w:
                 del self._watches[w.root]
 
+    def rebase(self, w: Watch) -> None:
+        """Count CPU from now on: a host that serves one job after another is bound per job
+        (its reaped jobs' CPU stays in its cutime). Memory stays a whole-sandbox bound."""
+        table = _process_table()
+        cpu = sum(table[p][1] for p in _descendants(w.root, table) if p in table)
+        with self._lock:
+            w._peak_cpu = max(w._peak_cpu, cpu)
+            w._base_cpu = w._peak_cpu
+            w.cpu_used_s = 0.0
+
     def check_now(self) -> None:
         """One scan (the thread's body; tests call it to avoid waiting)."""
         with self._lock:
@@ -79,7 +91,7 @@ class Watchdog:
             cpu = sum(table[p][1] for p in pids if p in table)
             # cutime of a dead parent is lost with it: keep the peak seen, never go down.
             w._peak_cpu = max(w._peak_cpu, cpu)
-            w.cpu_used_s = w._peak_cpu
+            w.cpu_used_s = w._peak_cpu - w._base_cpu
             w.memory_used_mb = sum(_pss_kb(p) for p in pids) / 1024
             why = None
             if w.cpu_used_s > w.cpu_s:

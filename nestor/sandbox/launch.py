@@ -61,8 +61,9 @@ class Launch:
 
 
 def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str, str] | None,
-            cwd: str | None) -> Launch:
-    """The wrapped command line for argv under the backend in use here."""
+            cwd: str | None, zygote: bool = False) -> Launch:
+    """The wrapped command line for argv under the backend in use here (zygote: the job host,
+    whose seccomp filter lets it unshare namespaces for its jobs; seccomp.py)."""
     if not argv:
         raise ValueError("run_sandboxed: empty argv")
     backend = require_backend()
@@ -74,7 +75,7 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
         if uid is not None:
             for host, _ in pairs:
                 share_read_only(host)
-        fd = seccomp_fd()
+        fd = seccomp_fd(zygote)
         cmd = prlimit_args(limits, nproc_extra=own_process_count()) + bwrap_args(
             pairs, limits, cwd or "/tmp", fd)
         if uid is not None:

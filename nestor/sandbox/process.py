@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from nestor.sandbox.backend import Binds
+from nestor.sandbox.bounds import WATCHDOG
 from nestor.sandbox.launch import (
     CHUNK,
     OVERFLOW_FACTOR,
@@ -33,22 +34,26 @@ class SandboxedProcess:
     Any timeout, exit, or reply that is not one JSON object of at most `max_reply_bytes` and
     `max_depth` levels of nesting kills the process group and raises SandboxError; the process
     is then dead and every later request raises too. Thread-safe (one request at a time).
+    `zygote=True` runs it under the job host's seccomp variant (it may unshare namespaces for
+    the jobs it serves; seccomp.py).
     """
 
     def __init__(self, argv: Sequence[str], *, ro_binds: Binds = None,
                  limits: Limits | None = None, env: Mapping[str, str] | None = None,
                  cwd: str | None = None, name: str = "sandboxed process",
-                 max_reply_bytes: int | None = None, max_depth: int = 8) -> None:
+                 max_reply_bytes: int | None = None, max_depth: int = 8,
+                 zygote: bool = False) -> None:
         self.limits = limits or Limits()
         self.name = name
         self.max_reply_bytes = max_reply_bytes or OVERFLOW_FACTOR * self.limits.output_bytes
         self.max_depth = max_depth
-        self._launch = prepare(argv, ro_binds, self.limits, env, cwd)
+        self._launch = prepare(argv, ro_binds, self.limits, env, cwd, zygote)
         self._lock = threading.Lock()
         self._buf = bytearray()
         self._stderr: deque[bytes] = deque()
         self._stderr_len = 0
         self._dead: str | None = None
+        self._mark, self._mark_seen = b"", False  # see set_stderr_mark
         try:
             self._proc = spawn(self._launch, stdin_pipe=True)
         except OSError as e:
@@ -67,8 +72,27 @@ class SandboxedProcess:
     def alive(self) -> bool:
         return self._dead is None and self._proc.poll() is None
 
+    def set_stderr_mark(self, mark: bytes) -> None:
+        """A child that serves one client after another (the job host) writes `mark` to stderr
+        before each: from now on the tail holds what came after it, never an earlier client's
+        output (nothing at all until the mark arrives)."""
+        self._mark, self._mark_seen = mark, False
+
+    def restart_cpu_bound(self) -> None:
+        """Count the whole-sandbox CPU bound from now on (a host about to serve its next job)."""
+        if self._launch.watch is not None:
+            WATCHDOG.rebase(self._launch.watch)
+
     def stderr_tail(self, n_chars: int = 2000) -> str:
-        return tail_text(b"".join(self._stderr).decode("utf-8", errors="replace"), n_chars)
+        """The end of its stderr: only what came after the last `stderr_mark`, if one is set."""
+        data, mark = b"".join(self._stderr), self._mark
+        if mark:
+            if mark in data:
+                data = data[data.rfind(mark) + len(mark):]
+            elif not self._mark_seen:  # not written yet: all there is came before it
+                data = b""
+            # else: it was there, and newer output pushed it out of the rolling tail
+        return tail_text(data.decode("utf-8", errors="replace"), n_chars)
 
     def request(self, obj: Mapping, timeout_s: float | None = None) -> dict:
         """Send one JSON object, wait for one JSON object back (at most timeout_s)."""
@@ -193,6 +217,8 @@ class SandboxedProcess:
         with contextlib.suppress(OSError, ValueError):
             fd = self._proc.stderr.fileno()
             while data := os.read(fd, CHUNK):
+                if self._mark and self._mark in data:  # one short write: never split
+                    self._mark_seen = True
                 self._stderr.append(data)
                 self._stderr_len += len(data)
                 while self._stderr_len - len(self._stderr[0]) >= cap:

@@ -13,6 +13,10 @@ is large. The filter:
   userfaultfd, io_uring, fanotify, handle-based opens, module and kexec loading, and the
   host-administration calls (reboot, swap, clock and hostname setting, acct, quotactl,
   syslog, iopl/ioperm, modify_ldt, chroot, personality...).
+The job host's zygote gets a variant (`filter_program(zygote=True)`): `unshare` with only the
+flags host_ns.py uses (user, pid, mount, ipc, net) and `mount` are allowed, so that it can give
+each job fresh namespaces; the job itself runs under the full filter, stacked on top by
+host_ns.py before any job code runs (filters stack: the strictest answer wins).
 Everything else is allowed: what an interpreter, verifiers and a rubric need (files, threads,
 fork/exec, mmap, futex, epoll, signals). A true allowlist would have to track every libc and
 numpy release; the refusals above are the review of the x86-64 table (see docs/sandbox.md).
@@ -30,8 +34,10 @@ X32_SYSCALL_BIT = 0x40000000
 CLONE_NEW_ANY = (0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000  # time, ns,
                  | 0x10000000 | 0x20000000 | 0x40000000)  # cgroup, uts, ipc, user, pid, net
 AF_UNIX = 1
+# What the zygote may unshare (host_ns.FLAGS): user, mount, ipc, pid, net.
+ZYGOTE_UNSHARE = 0x10000000 | 0x00020000 | 0x08000000 | 0x20000000 | 0x40000000
 
-NR_CLONE, NR_CLONE3, NR_SOCKET, NR_SOCKETPAIR = 56, 435, 41, 53
+NR_CLONE, NR_CLONE3, NR_SOCKET, NR_SOCKETPAIR, NR_UNSHARE = 56, 435, 41, 53, 272
 DENIED = {  # x86-64 syscall numbers, refused with EPERM
     # other processes' memory, fds and state
     "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
@@ -67,15 +73,18 @@ def supported() -> bool:
     return platform.machine() == "x86_64"
 
 
-def filter_program() -> bytes:
-    """The filter as an array of struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}."""
+def filter_program(zygote: bool = False) -> bytes:
+    """The filter as an array of struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}.
+    zygote: the job host's variant (unshare of ZYGOTE_UNSHARE flags, and mount, allowed)."""
+    denied = {n: nr for n, nr in DENIED.items() if not (zygote and n in ("unshare", "mount"))}
     # (code, k, jump-if-true label, jump-if-false label); labels resolved below
     prog: list[tuple] = [
         ("arch", LD_ABS, OFF_ARCH, None, None),
         (None, JEQ, AUDIT_ARCH_X86_64, None, "kill"),
         (None, LD_ABS, OFF_NR, None, None),
         (None, JGE, X32_SYSCALL_BIT, "kill", None),
-        *[(None, JEQ, nr, "eperm", None) for nr in sorted(DENIED.values())],
+        *[(None, JEQ, nr, "eperm", None) for nr in sorted(denied.values())],
+        *([(None, JEQ, NR_UNSHARE, "unshare", None)] if zygote else []),
         (None, JEQ, NR_CLONE3, "enosys", None),
         (None, JEQ, NR_CLONE, "clone", None),
         (None, JEQ, NR_SOCKET, "socket", None),
@@ -84,6 +93,9 @@ def filter_program() -> bytes:
         ("clone", LD_ABS, OFF_ARG0, None, None),  # low 32 bits of the flags
         (None, JSET, CLONE_NEW_ANY, "eperm", None),  # BPF jumps only go forward:
         (None, RET, RET_ALLOW, None, None),  # a second "allow"
+        *([("unshare", LD_ABS, OFF_ARG0, None, None),  # the flags: only the zygote's set
+           (None, JSET, 0xFFFFFFFF & ~ZYGOTE_UNSHARE, "eperm", None),
+           (None, RET, RET_ALLOW, None, None)] if zygote else []),
         ("socket", LD_ABS, OFF_ARG0, None, None),  # the address family (an int)
         (None, JEQ, AF_UNIX, None, "eafnosupport"),
         (None, RET, RET_ALLOW, None, None),
@@ -101,11 +113,11 @@ def filter_program() -> bytes:
     return bytes(out)
 
 
-def filter_fd() -> int | None:
+def filter_fd(zygote: bool = False) -> int | None:
     """A memfd holding the filter, positioned at 0, for `bwrap --seccomp FD` (caller closes)."""
     if not supported():
         return None
     fd = os.memfd_create("nestor-seccomp")  # close-on-exec; Popen(pass_fds=...) hands it on
-    os.write(fd, filter_program())
+    os.write(fd, filter_program(zygote))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import nestor.tasks
+from nestor.job import tasksource
 from nestor.job.tasksource import Timeouts, prewarm
 from nestor.job.validate import PROBE_LIMITS, validate_job
 from nestor.sandbox import sandbox_backend
@@ -181,31 +182,84 @@ def _gone(marker: str, within_s: float = 5.0) -> bool:
     return not processes_with(marker)
 
 
-ATTACK_PARENT = '''
-import ctypes, errno
+# The host's own processes (the zygote, and C that set up this job's namespaces) are outside
+# the job's pid namespace (one NSpid entry); the job's are inside (two). For each host process:
+# open its memory, environment and fds, use the cross-process calls on it, and signal it by
+# pidfd (from /proc) and by number (numbers that also name a process of the job's own namespace
+# are left out: kill() reads them in that namespace).
+ATTACK_HOST = '''
+import ctypes, errno, signal
 libc = ctypes.CDLL(None, use_errno=True)
-ppid, found = os.getppid(), []
-for what in ("mem", "environ", "fd/0", "fd/1"):
+def nspid(p):
     try:
-        open(f"/proc/{ppid}/{what}", "r+b" if what == "mem" else "rb").close()
-        found.append(what + ":OPENED")
+        return [l.split()[1:] for l in open(f"/proc/{p}/status") if l.startswith("NSpid:")][0]
+    except (OSError, IndexError):
+        return []
+def cmdline(p):
+    try:
+        return open(f"/proc/{p}/cmdline", "rb").read()
+    except OSError:
+        return b""
+pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+hosts = [p for p in pids if b"/opt/nestor/host.py" in cmdline(p) and len(nspid(p)) == 1]
+ours = {int(nspid(p)[-1]) for p in pids if len(nspid(p)) == 2}
+found = {"hosts": str(len(hosts))}
+def note(key, value):
+    found.setdefault(key, set()).add(value)
+for p in hosts:
+    for what in ("mem", "environ", "fd/0", "fd/1"):
+        try:
+            open(f"/proc/{p}/{what}", "r+b" if what == "mem" else "rb").close()
+            note(what, "OPENED")
+        except OSError as e:
+            note(what, type(e).__name__)
+    for name, nr in (("process_vm_writev", 311), ("pidfd_getfd", 438), ("ptrace", 101)):
+        libc.syscall(nr, p, 0, 0, 0, 0, 0)
+        note(name, errno.errorcode.get(ctypes.get_errno(), "0"))
+    try:
+        fd = os.open(f"/proc/{p}", os.O_RDONLY | os.O_DIRECTORY)
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        note("pidfd_kill", "SENT")
     except OSError as e:
-        found.append(what + ":" + type(e).__name__)
-for name, nr in (("process_vm_writev", 311), ("pidfd_getfd", 438), ("ptrace", 101)):
-    libc.syscall(nr, ppid, 0, 0, 0, 0, 0)
-    found.append(name + ":" + errno.errorcode.get(ctypes.get_errno(), "0"))
-raise RuntimeError("ATTACK " + " ".join(found))
+        note("pidfd_kill", errno.errorcode.get(e.errno, "?"))
+    if p not in ours:
+        try:
+            os.kill(p, signal.SIGKILL)
+            note("kill", "SENT")
+        except OSError as e:
+            note("kill", type(e).__name__)
+os.kill(os.getppid(), signal.SIGKILL)  # the job's pid 1: ignores signals from inside
+note("unshare", errno.errorcode.get(ctypes.get_errno(), "0") if libc.unshare(0x10000000) else "OK")
+ret = libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, None)
+note("mount", errno.errorcode.get(ctypes.get_errno(), "0") if ret else "OK")
+raise RuntimeError("ATTACK " + " ".join(f"{k}:{','.join(sorted(v)) if isinstance(v, set) else v}"
+                                        for k, v in found.items()))
 '''
 
 
 @needs_bwrap
-def test_job_cannot_reach_its_hosts_memory_or_fds(tmp_path):
-    message = check(make_job(tmp_path / "j", at_import=ATTACK_PARENT), "imports", "ATTACK")
-    results = dict(item.split(":") for item in message.split("ATTACK ")[1].split()[:7])
+def test_job_cannot_reach_or_signal_its_host(tmp_path):
+    from nestor.job.tasksource import JobTaskSource, TaskSourceError
+
+    job = make_job(tmp_path / "j", at_import=ATTACK_HOST)
+    with JobTaskSource(job, timeouts=SHORT) as src:
+        with pytest.raises(TaskSourceError, match="ATTACK") as err:
+            src.import_env()
+        host = src._zygote
+    message = str(err.value)
+    results = dict(item.split(":") for item in message.split("ATTACK ")[1].split()[:12])
+    if not host.hello.get("fresh_ns"):
+        pytest.skip(f"no fresh namespaces here: {host.hello.get('fresh_ns_error')}")
+    assert int(results.pop("hosts")) >= 1, message  # it found the zygote
+    assert results.pop("kill", "ESRCH") == "ProcessLookupError", message
     assert results == {"mem": "PermissionError", "environ": "PermissionError",
                        "fd/0": "PermissionError", "fd/1": "PermissionError",
-                       "process_vm_writev": "EPERM", "pidfd_getfd": "EPERM",
-                       "ptrace": "EPERM"}, message
+                       "process_vm_writev": "EPERM", "pidfd_getfd": "EPERM", "ptrace": "EPERM",
+                       "pidfd_kill": "EINVAL", "unshare": "EPERM", "mount": "EPERM"}, message
+    assert host.alive and host in tasksource._idle  # still serving: the next job gets it
+    with JobTaskSource(GOOD) as src:
+        assert src.score_batch([0, 0], ["bume", ""]).rewards == [1.0, 0.0]
+        assert src._zygote is host and src.info["job"]["jobs"] >= 2
 
 
 # A daemon that outlives job A's child and answers every request on the host's streams with a
@@ -230,20 +284,31 @@ for line in sys.stdin:
 
 
 @needs_bwrap
-def test_a_job_cannot_take_over_the_next_jobs_host(tmp_path):
+@pytest.mark.parametrize("ask", [False, True])
+def test_a_job_cannot_take_over_the_next_jobs_host(tmp_path, ask):
+    """The daemon holds job A's request and reply pipes; with `ask` it may answer a request of
+    A's (then A's host is not reused), without it A ends cleanly and the same warm host serves
+    the next job: either way, the daemon is gone once A has ended."""
     from nestor.job.tasksource import JobTaskSource, TaskSourceError
 
     marker = f"nestor-takeover-{uuid.uuid4().hex}"
     job = make_job(tmp_path / "a", at_import=TAKEOVER.replace("MARKER", marker))
     with JobTaskSource(job, timeouts=SHORT) as src:
         try:
-            src.load()
+            src.load() if ask else src.import_env()
         except TaskSourceError:
             pass  # the daemon may well garble job A's own replies: its own business
+        deadline = time.monotonic() + 10
+        while not processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)  # double fork and exec: it may come after the reply
         assert processes_with(marker), "the daemon did not start"
-    assert _gone(marker), "job A's daemon outlived its sandbox"
+        host = src._zygote
+    assert _gone(marker, within_s=0.5), "job A's daemon outlived its job"
     with JobTaskSource(GOOD) as src:  # the next job: served by genuine code, honest rewards
         assert src.score_batch([0, 0], ["bume", ""]).rewards == [1.0, 0.0]
+        warm = src._zygote is host
+    if not ask:  # (asked, either A's server or the daemon reads the request: a race)
+        assert warm == bool(host.hello.get("fresh_ns"))
 
 
 @needs_bwrap

@@ -353,3 +353,45 @@ def test_one_memory_bound_for_all_processes_of_a_sandbox(marker):
     assert not r.ok and "MiB over all its processes" in (r.reason or ""), r
     assert r.elapsed_s < 20
     assert_no_leftovers(marker)
+
+
+@requires_bwrap
+@pytest.mark.skipif(not seccomp.supported(), reason="the seccomp filter is x86-64 only")
+def test_the_job_hosts_filter_allows_its_namespaces_and_nothing_more():
+    """The zygote variant: unshare of user+pid+mount+ipc+net (what host_ns.py uses) and mount
+    pass; other namespace flags, setns and the cross-process calls stay refused."""
+    from nestor.sandbox.launch import cleanup, prepare, spawn
+
+    code = textwrap.dedent("""
+        import ctypes, errno, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def in_child(name, call):
+            r, w = os.pipe()
+            if os.fork() == 0:
+                ret = call()
+                os.write(w, f"{name} {ret} {errno.errorcode.get(ctypes.get_errno())}".encode())
+                os._exit(0)
+            os.close(w)
+            print(os.read(r, 200).decode())
+            os.wait()
+        in_child("ours", lambda: libc.unshare(0x10000000 | 0x20000000 | 0x00020000 | 0x08000000
+                                              | 0x40000000))
+        in_child("uts", lambda: libc.unshare(0x10000000 | 0x04000000))
+        in_child("cgroup", lambda: libc.unshare(0x02000000))
+        in_child("time", lambda: libc.unshare(0x00000080))
+        in_child("setns", lambda: libc.syscall(308, 0, 0))
+        in_child("ptrace", lambda: libc.syscall(101, 0, 0, 0, 0))
+        in_child("process_vm_writev", lambda: libc.syscall(311, os.getppid(), 0, 0, 0, 0, 0))
+        in_child("clone-newnet", lambda: libc.syscall(56, 0x40000000 | 17, 0, 0, 0, 0))
+    """)
+    for zygote in (True, False):
+        launch = prepare([PY, "-c", code], None, Limits(wall_s=30), None, None, zygote=zygote)
+        proc = spawn(launch, stdin_pipe=False)
+        try:
+            out, err = proc.communicate(timeout=30)
+        finally:
+            cleanup(launch)
+        lines = dict(line.split(" ", 1) for line in out.decode().splitlines())
+        assert proc.returncode == 0 and len(lines) == 8, (out, err)
+        assert lines.pop("ours") == ("0 None" if zygote else "-1 EPERM"), zygote
+        assert all(v == "-1 EPERM" for v in lines.values()), (zygote, lines)
