@@ -100,6 +100,9 @@ _BLAME: dict[str, tuple[str, ...]] = {
 _UNKNOWN = ("data_source", "n_rows", "framing", "rubric", "extract")  # files, imports, probe, ...
 _PLAN = "plan: "
 _FAIL = re.compile(r"^FAIL\s+(?P<name>[^:]+):(?P<msg>.*)$", re.M)
+# Failures the job did not cause (a sandbox that could not start in time on a loaded machine,
+# a crash of the probe itself): nothing to resample, the retry resubmits the same job.
+_NOT_THE_JOB = re.compile(r"the sandbox did not start|this is not your job's fault")
 MAX_STEPS_LIMIT = next(m.le for m in JobConfig.model_fields["max_steps"].metadata
                        if getattr(m, "le", None) is not None)
 
@@ -453,7 +456,8 @@ def _blame(messages: list[Message], decisions: dict[str, list[Any]]) -> list[str
             break
         tail.append(msg)
     texts = [m.content for m in tail if m.role == "tool"]
-    failing = [m["name"].strip() for t in texts for m in _FAIL.finditer(t)]
+    failing = [m["name"].strip() for t in texts for m in _FAIL.finditer(t)
+               if not _NOT_THE_JOB.search(m["msg"])]
     if any(t.startswith("error:") for t in texts):
         failing.append("write")  # a file tool refused a write: the data is the usual suspect
     blamed: set[str] = set()

@@ -315,3 +315,23 @@ def test_marginal_credit_learns_the_right_decisions_from_160_noisy_episodes():
     assert m_gain > 1.0  # both good choices gained 50+ points on average
     assert e_gain > 1.0
     assert m_noise < 0.95 * e_noise  # the irrelevant decisions drifted less than under Adam
+
+
+def test_a_failure_that_is_not_the_jobs_resubmits_the_same_plan():
+    """A sandbox that did not start in time (a loaded machine) or a crashed probe blames no
+    decision: the retry submits the same files again instead of resampling data and rubric."""
+    comp = Composer(ComposerConfig(seed=2))
+    obs = lambda *m: Observation([Message("system", "s"), *m], TOOL_SCHEMAS,  # noqa: E731
+                                 REG.get("add").spec(), seed=3)
+    first = comp.act(obs())
+    for msg in ("FAIL imports: the sandbox did not start: starting the sandboxed host did not "
+                "finish within 60 s (killed)",
+                "FAIL probe: the probe itself failed (OSError: x); this is not your job's fault "
+                "— resubmit"):
+        again = comp.act(obs(first.message, Message("tool", msg, tool_call_id="c4")))
+        assert again.action_keys == [] and [c.name for c in again.message.tool_calls] == [
+            "submit"]
+        assert comp_plan(again) == comp_plan(first)
+    real = comp.act(obs(first.message, Message("tool", "FAIL imports: importing env/x failed: "
+                                               "SyntaxError", tool_call_id="c4")))
+    assert real.action_keys  # a real import error still blames the data and rubric decisions
