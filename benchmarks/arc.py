@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arc.toml"
 NESTOR = Path(sys.executable).with_name("nestor")
 TARGETS = {"reward": "reward's last-third mean >= 2 x its first-third mean",
-           "rungs": "improvement's last-third mean > its first-third mean",
+           "rungs": "both rungs: first-try validation saturates after step 1, and the "
+                    "improvement's last-third mean > its first-third mean",
            "strong_model": "stronger model's share rises (first third -> last third)",
            "hp_use": "hyperparameter-surface use rises (reported; not a target of issue 15)",
            "transfer": "trained held-out arm beats untrained, non-overlapping 95% intervals"}
@@ -123,7 +124,7 @@ def figure(runs: dict[int, tuple[list[dict], list[dict], Findings]], path: Path)
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 5, figsize=(25, 4.6), dpi=90, layout="constrained")
-    titles = ["1. reward per step", "2. rungs: validation pass rate (—), improvement (- -)",
+    titles = ["1. reward per step", "2. rungs: first-try pass rate (—), improvement (- -)",
               "3. stronger model's share of jobs", "4. hyperparameter-surface use",
               "5. held-out transfer (95% CI)"]
     for ax, title in zip(axes, titles, strict=True):
@@ -137,7 +138,7 @@ def figure(runs: dict[int, tuple[list[dict], list[dict], Findings]], path: Path)
             return [s for s, _ in pts], [v for _, v in pts]
 
         axes[0].plot(*series("reward_mean"), color=color, marker="o", ms=3, label=f"seed {seed}")
-        axes[1].plot(*series("validation_pass_rate"), color=color)
+        axes[1].plot(*series(f.validation["metric"]), color=color)
         axes[1].plot(*series("hidden_eval_improvement"), color=color, ls="--")
         if f.strong_model:
             pts = [(r["step"], r["base_model_share"].get(f.strong_model, 0.0)) for r in steps
@@ -232,7 +233,8 @@ def main() -> None:
     pooled = pool_findings([f for _, _, f in runs.values()])
     print(f"\n== pooled over {pooled['runs']} seeds (mean, 95% t-interval over seeds)")
     for key in ("reward_first", "reward_peak", "reward_last", "reward_first_third",
-                "reward_last_third", "validation_saturation_step", "improvement_climb_step",
+                "reward_last_third", "validation_first_third", "validation_last_third",
+                "validation_saturation_step", "improvement_climb_step",
                 "improvement_first_third", "improvement_last_third", "strong_share_first",
                 "strong_share_last", "hp_use_first", "hp_use_last", "transfer_untrained",
                 "transfer_trained"):

@@ -1,7 +1,8 @@
-"""Step 0 of the learning curve: N episodes of the untrained (uniform) composer.
+"""Step 0 of the learning curve: N episodes of the untrained composer (the naive writer).
 
 Runs real episodes (validation probe, local pool, GRPO, hidden eval) over the training tasks
-in turn and prints the share of episodes whose job validated, the share whose job improved
+in turn and prints the share of episodes whose job passed validation on the first submit and
+on any, the share whose job improved
 the base model, and the mean reward. Last line: one JSON object.
 
     .venv/bin/python benchmarks/composer_step0.py --episodes 20 --budget 20000 --timeout 150
@@ -56,6 +57,7 @@ def main() -> None:
                 r = rec.result
                 row = {"task": task, "end_reason": rec.end_reason, "attempts": rec.attempts,
                        "validated": rec.components["validation_efficiency"] > 0,
+                       "first_try": bool(rec.reports) and rec.reports[0].passed,
                        "failed_checks": [c.name for rep in rec.reports for c in rep.checks
                                          if not c.ok],
                        "improvement": rec.components["improvement"], "reward": rec.reward,
@@ -71,6 +73,7 @@ def main() -> None:
     n = len(rows)
     out = {
         "episodes": n,
+        "first_try_share": sum(r["first_try"] for r in rows) / n,
         "validated_share": sum(r["validated"] for r in rows) / n,
         "improved_share": sum(r["improvement"] > 0 for r in rows) / n,
         "mean_reward": statistics.fmean(r["reward"] for r in rows),

@@ -62,6 +62,7 @@ def summarize(rec: Any, run_dir: Path, max_new_tokens: int, token_budget: int) -
         "episode_id": rec.id,
         "attempts": rec.attempts,
         "validated": any(getattr(r, "passed", False) for r in rec.reports),
+        "first_try": bool(rec.reports) and bool(getattr(rec.reports[0], "passed", False)),
         "end_reason": rec.end_reason,
         "malformed_calls": sum(1 for t in rec.turns if t.parse_error),
         "knobs_changed": (knobs_changed(job_dir, max_new_tokens, token_budget)

@@ -1,7 +1,7 @@
 """Per-step metrics (RUN_DIR/metrics.jsonl) and the pool meter behind pool utilisation.
 
 Episode facts come from `EpisodeSummary.info`, filled by the episode adapter
-(nestor/outer/episodes.py): attempts, validated, job_status, improvement, base_model,
+(nestor/outer/episodes.py): attempts, validated, first_try, job_status, improvement, base_model,
 knobs_changed, cost_usd, end_reason, malformed_calls. Missing facts are simply not averaged.
 """
 
@@ -101,6 +101,9 @@ def step_metrics(*, step: int, version: int, episodes: list[EpisodeSummary], bat
         "reward_components": {k: _mean(v) for k, v in sorted(components.items())},
         "validation_pass_rate": _mean([float(bool(i.get("validated"))) for i in infos
                                        if "validated" in i]),
+        # the first rung: a job valid on its first submit (what the validation term pays 1.0)
+        "first_try_pass_rate": _mean([float(bool(i.get("first_try"))) for i in infos
+                                      if "first_try" in i]),
         "mean_attempts": _mean([float(i["attempts"]) for i in infos if "attempts" in i]),
         "jobs": len(jobs),
         "job_failure_rate": _mean([float(i["job_status"] != "ok") for i in jobs]),

@@ -45,6 +45,7 @@ class LoggingConfig(BaseModel):
 NAMES = {
     "reward_mean": "reward/mean", "reward_std": "reward/std",
     "validation_pass_rate": "env/validation_pass_rate", "mean_attempts": "env/mean_attempts",
+    "first_try_pass_rate": "env/first_try_pass_rate",
     "episodes": "env/episodes", "jobs": "env/jobs", "job_failure_rate": "env/job_failure_rate",
     "hidden_eval_improvement": "env/hidden_eval_improvement",
     "hyperparameter_surface_use": "env/hyperparameter_surface_use",

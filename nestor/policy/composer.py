@@ -7,8 +7,12 @@ with probability `p_keep_scaffold` (0.75) at version 0. Only when it tunes does 
 JobConfig knobs, each over a grid whose first choice is the scaffold's value (kept with
 `p_knob_scaffold`, 0.5). Learning rates are relative to the base model's scale
 (nestor/models/registry.py). So hyperparameter-surface use starts near 0.25 and moves with
-the reward either way. The other decisions (base model, how the dataset is built, how many
-rows, the rubric's form and answer extraction, the prompt framing) start uniform. Each has its
+the reward either way. Three decisions are a naive writer's slips (`WRITER_SLIPS`: a plain
+`def` reward, no `__all__`, dataset rows keyed `question` or holding chat messages; see
+composer_files.py): each makes one of these mistakes with probability `p_slip` (0.1) at version
+0, and every one of them fails the real validation probe. The other decisions (base model, how
+the dataset is built, how many rows, the rubric's form and answer extraction, the prompt
+framing) start uniform; some of their choices fail validation too (8 rows, `after_marker`). Each has its
 own logits: a shared vector plus, when `family_conditioned`, a per-family offset. One episode
 samples its decisions once, renders the job's files and writes them through the workspace
 tools, then submits. After a failed validation it reads the report, resamples only the
@@ -73,15 +77,22 @@ DATA_DECISIONS: dict[str, list[Any]] = {
     "rubric": list(files.RUBRICS),
     "extract": list(files.EXTRACTS),
 }
+# A naive writer's slips (composer_files.py): choice 0 is right, every other fails validation.
+WRITER_SLIPS: dict[str, list[Any]] = {
+    "reward_def": list(files.REWARD_DEFS),
+    "exports": list(files.EXPORTS),
+    "row_keys": list(files.ROW_KEYS),
+}
 # Which decisions a failing validation check points at (check names of nestor.job.validate).
 _RUBRIC = ("rubric", "extract")
 _BLAME: dict[str, tuple[str, ...]] = {
     "budget": ("max_steps", "prompts_per_step", "group_size", "max_new_tokens"),
     "config": ("base_model", *CONFIG_KNOBS),
-    "dataset": ("data_source", "n_rows", "input_range", "framing"),
-    "load": ("data_source", "n_rows"),
+    "dataset": ("data_source", "n_rows", "input_range", "framing", "row_keys"),
+    "load": ("data_source", "n_rows", "row_keys"),
+    "taskset": ("exports",),
     "context": ("framing", "max_new_tokens", "input_range"),
-    "rewards_valid": _RUBRIC, "deterministic": _RUBRIC, "reward_speed": _RUBRIC,
+    "rewards_valid": ("reward_def", *_RUBRIC), "deterministic": _RUBRIC, "reward_speed": _RUBRIC,
     "reference_beats_empty": _RUBRIC, "reference_beats_corrupted": _RUBRIC,
     "not_constant": _RUBRIC,
     "dry_run": ("base_model", "max_new_tokens"),
@@ -89,6 +100,9 @@ _BLAME: dict[str, tuple[str, ...]] = {
 _UNKNOWN = ("data_source", "n_rows", "framing", "rubric", "extract")  # files, imports, probe, ...
 _PLAN = "plan: "
 _FAIL = re.compile(r"^FAIL\s+(?P<name>[^:]+):(?P<msg>.*)$", re.M)
+# Failures the job did not cause (a sandbox that could not start in time on a loaded machine,
+# a crash of the probe itself): nothing to resample, the retry resubmits the same job.
+_NOT_THE_JOB = re.compile(r"the sandbox did not start|this is not your job's fault")
 MAX_STEPS_LIMIT = next(m.le for m in JobConfig.model_fields["max_steps"].metadata
                        if getattr(m, "le", None) is not None)
 
@@ -109,6 +123,9 @@ class ComposerConfig(BaseModel):
                                    "keeping the scaffold's whole config (a naive writer).")
     p_knob_scaffold: float = Field(0.5, gt=0, lt=1, description="Version-0 probability, once "
                                    "tuning, of keeping a knob at the scaffold's value.")
+    p_slip: float = Field(0.1, ge=0, lt=1, description="Version-0 probability of each of a "
+                          "naive writer's slips (WRITER_SLIPS: plain-def reward, no __all__, "
+                          "wrong row keys); every slip fails validation.")
     credit: Literal["marginal", "episode"] = Field(
         "marginal", description="marginal: each decision learns from its choices' pooled mean "
         "advantages (nestor/policy/credit.py), SGD at credit_lr; episode: every action gets the "
@@ -149,7 +166,8 @@ class Composer:
         self.version = 0
         self.decisions: dict[str, list[Any]] = {"base_model": list(self.config.base_models),
                                                 "config_mode": list(CONFIG_MODES),
-                                                **CONFIG_KNOBS, **DATA_DECISIONS}
+                                                **CONFIG_KNOBS, **DATA_DECISIONS,
+                                                **WRITER_SLIPS}
         self.shared = torch.nn.ParameterDict(
             {k: torch.nn.Parameter(self._prior(k, len(v))) for k, v in self.decisions.items()})
         self.by_family = torch.nn.ParameterDict(
@@ -163,12 +181,14 @@ class Composer:
 
     def _prior(self, decision: str, n: int) -> torch.Tensor:
         """Version-0 logits of a naive writer: keep the scaffold's config with probability
-        p_keep_scaffold; when tuning, keep each knob with p_knob_scaffold; else uniform."""
+        p_keep_scaffold; when tuning, keep each knob with p_knob_scaffold; make each slip with
+        p_slip; else uniform."""
         out = torch.zeros(n)
         p = (self.config.p_keep_scaffold if decision == "config_mode" else
-             self.config.p_knob_scaffold if decision in CONFIG_KNOBS else None)
-        if p is not None:  # choice 0 (keep) gets p, the n − 1 others share 1 − p
-            out[0] = math.log(p * (n - 1) / (1 - p))
+             self.config.p_knob_scaffold if decision in CONFIG_KNOBS else
+             1 - self.config.p_slip if decision in WRITER_SLIPS else None)
+        if p is not None:  # choice 0 (keep, or the right way) gets p, the n − 1 others 1 − p
+            out[0] = math.log(p * (n - 1) / (1 - p)) if p < 1 else 30.0
         return out
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -281,12 +301,14 @@ class Composer:
                 + (" (no program explains the examples: fell back to them as given)"
                    if info["fallback"] else "") + f", framing {value['framing']}")
         pkg = files.package_name(spec.id)
+        slips = {k: value.get(k, v[0]) for k, v in WRITER_SLIPS.items()}  # old plans: none
         writes = {
             "config.toml": files.config_toml(cfg, f"composer v{self.version} for {spec.id}"),
-            "data/train.jsonl": files.jsonl(rows),
+            "data/train.jsonl": files.jsonl(files.keyed_rows(rows, slips["row_keys"])),
             "env/pyproject.toml": files.pyproject(spec.id),
-            f"env/{pkg}/__init__.py": files.env_source(title=spec.title, rubric=value["rubric"],
-                                                       extract=value["extract"], rows_note=note),
+            f"env/{pkg}/__init__.py": files.env_source(
+                title=spec.title, rubric=value["rubric"], extract=value["extract"],
+                rows_note=note, reward_def=slips["reward_def"], exports=slips["exports"]),
         }
         calls = [ToolCall("write_file", {"path": p, "content": c}, f"c{i}")
                  for i, (p, c) in enumerate(writes.items())]
@@ -434,7 +456,8 @@ def _blame(messages: list[Message], decisions: dict[str, list[Any]]) -> list[str
             break
         tail.append(msg)
     texts = [m.content for m in tail if m.role == "tool"]
-    failing = [m["name"].strip() for t in texts for m in _FAIL.finditer(t)]
+    failing = [m["name"].strip() for t in texts for m in _FAIL.finditer(t)
+               if not _NOT_THE_JOB.search(m["msg"])]
     if any(t.startswith("error:") for t in texts):
         failing.append("write")  # a file tool refused a write: the data is the usual suspect
     blamed: set[str] = set()

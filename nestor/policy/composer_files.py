@@ -4,6 +4,18 @@ The rubric is code the composer generates from two decisions, its form and the r
 extracts the answer from the reply. Some combinations cannot work — `after_marker` looks for
 an `Answer:` the model is never taught to write, so every reply scores the same and the
 validation probe rejects the rubric as constant. That is a real consequence to learn from.
+
+Three more decisions are the slips real job writers make (an LM agent trained on older
+verifiers code, on Hugging Face datasets or on chat APIs makes each of them); their first
+choice is right, every other one writes a job that the probe really rejects:
+
+* `reward_def` — `plain_def`: the reward is a plain `def` (verifiers v0's reward functions
+  were sync; v1 awaits them). The sandboxed host reports it on the first scored reply
+  (`rewards_valid` fails: "reward ... must be `async def`").
+* `exports` — `no_all`: the module defines the Taskset but no `__all__` (`taskset` fails).
+* `row_keys` — `question`: rows keyed `question` (the gsm8k/HF habit) while the taskset, copied
+  from the scaffold, reads `row["prompt"]` (`dataset` and `load` fail); `messages`: `prompt` a
+  list of chat messages instead of one user message's text (`dataset` fails).
 """
 
 from __future__ import annotations
@@ -15,6 +27,9 @@ from nestor.job.layout import env_pyproject
 
 RUBRICS = ("exact", "normalised", "partial", "similarity")
 EXTRACTS = ("whole", "first_line", "last_word", "after_marker")
+REWARD_DEFS = ("async_def", "plain_def")  # the right choice first, then the writer's slips
+EXPORTS = ("all", "no_all")
+ROW_KEYS = ("prompt", "question", "messages")
 
 _EXTRACT_SRC = {
     "whole": "    return reply",
@@ -26,19 +41,19 @@ _EXTRACT_SRC = {
 
 _RUBRIC_SRC = {
     "exact": """    @vf.reward(weight=1.0)
-    async def exact(self, trace: vf.Trace) -> float:
+    {adef}def exact(self, trace: vf.Trace) -> float:
         return float(extract(trace.last_reply) == self.data.answer)
 """,
     "normalised": """    @vf.reward(weight=1.0)
-    async def normalised(self, trace: vf.Trace) -> float:
+    {adef}def normalised(self, trace: vf.Trace) -> float:
         return float(normalise(extract(trace.last_reply)) == normalise(self.data.answer))
 """,
     "partial": """    @vf.reward(weight=0.5)
-    async def exact(self, trace: vf.Trace) -> float:
+    {adef}def exact(self, trace: vf.Trace) -> float:
         return float(normalise(extract(trace.last_reply)) == normalise(self.data.answer))
 
     @vf.reward(weight=0.5)
-    async def positions(self, trace: vf.Trace) -> float:
+    {adef}def positions(self, trace: vf.Trace) -> float:
         reply, answer = normalise(extract(trace.last_reply)), normalise(self.data.answer)
         if not reply and not answer:
             return 1.0
@@ -46,7 +61,7 @@ _RUBRIC_SRC = {
         return same / max(len(reply), len(answer))
 """,
     "similarity": """    @vf.reward(weight=1.0)
-    async def similarity(self, trace: vf.Trace) -> float:
+    {adef}def similarity(self, trace: vf.Trace) -> float:
         reply, answer = normalise(extract(trace.last_reply)), normalise(self.data.answer)
         if not reply:
             return 0.0
@@ -92,10 +107,7 @@ class RowTaskset(vf.Taskset[RowTask, vf.TasksetConfig]):
                 row = json.loads(line)
                 yield RowTask(RowData(prompt=row["prompt"], answer=row["answer"]),
                               self.config.task)
-
-
-__all__ = ["RowTaskset"]
-'''
+{exports_src}'''
 
 
 def package_name(task_id: str) -> str:
@@ -103,10 +115,25 @@ def package_name(task_id: str) -> str:
     return f"composed_{safe}"
 
 
-def env_source(*, title: str, rubric: str, extract: str, rows_note: str) -> str:
+def env_source(*, title: str, rubric: str, extract: str, rows_note: str,
+               reward_def: str = "async_def", exports: str = "all") -> str:
+    rubric_src = _RUBRIC_SRC[rubric].replace("{adef}", "async " if reward_def == "async_def"
+                                             else "")
+    exports_src = '\n\n__all__ = ["RowTaskset"]\n' if exports == "all" else ""
     return _ENV_TEMPLATE.format(title=title, rubric=rubric, extract=extract,
                                 rows_note=rows_note, extract_src=_EXTRACT_SRC[extract],
-                                rubric_src=_RUBRIC_SRC[rubric])
+                                rubric_src=rubric_src, exports_src=exports_src)
+
+
+def keyed_rows(rows: list[dict], row_keys: str = "prompt") -> list[dict]:
+    """The dataset rows as the writer keys them: `prompt` (the format), `question` (the wrong
+    key) or `messages` (prompt as a chat message list instead of its text)."""
+    if row_keys == "question":
+        return [{"question": r["prompt"], "answer": r["answer"]} for r in rows]
+    if row_keys == "messages":
+        return [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+                for r in rows]
+    return rows
 
 
 def pyproject(task_id: str) -> str:

@@ -112,7 +112,10 @@ def reliability(data: RunData) -> Figure | None:
     if not steps:
         return None
     fig, ax = _fig("Rung one: jobs that pass validation, and jobs that fail to train")
-    _smoothed(ax, steps, passed, "validation pass rate", "#2ca02c")
+    _smoothed(ax, steps, passed, "validation pass rate (any attempt)", "#2ca02c")
+    tsteps, first = _series(data, "first_try_pass_rate")
+    if tsteps:  # what the validation term pays in full, and the rung's saturation measure
+        _smoothed(ax, tsteps, first, "first-try pass rate", "#1f77b4", marker="^")
     fsteps, failed = _series(data, "job_failure_rate")
     if fsteps:
         _smoothed(ax, fsteps, failed, "job failure rate", "#d62728", marker="s")

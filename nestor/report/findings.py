@@ -8,12 +8,17 @@ This module is the single definition (docs/outer.md, "The arc's findings", state
 * **Reward.** first, peak (and its step), last `reward_mean`; thirds' means. Target: the
   last-third mean at least doubles the first-third mean (if the first third is ≤ 0: the last
   third is > 0 and above it).
-* **Rungs.** `validation_saturation_step` is the first step s from which the forward rolling
-  mean of `validation_pass_rate` over WINDOW steps (fewer at the end) stays ≥ SATURATION at s
-  and at every later step. `improvement_climb_step` is the first step s from which the forward
-  rolling mean of `hidden_eval_improvement` stays above the first-third mean + CLIMB_MARGIN at
-  s and at every later step. Target: the improvement's last-third mean exceeds its first-third
-  mean.
+* **Rungs.** The validation series is `first_try_pass_rate` (the share of the step's episodes
+  whose job passed validation on its first submit: what the validation term pays in full);
+  runs recorded before it existed fall back to `validation_pass_rate` (passed on any attempt),
+  and `validation["metric"]` names the one used. `validation_saturation_step` is the first step
+  s from which the forward rolling mean of that series over WINDOW steps (fewer at the end) is
+  ≥ SATURATION at s and at every later step. `improvement_climb_step` is the first step s from
+  which the forward rolling mean of `hidden_eval_improvement` stays above the first-third mean
+  + CLIMB_MARGIN at s and at every later step. Rung 1 is shown when validation saturates at a
+  step after the run's first (saturated from the first step: there was nothing to learn);
+  rung 2 when the improvement's last-third mean exceeds its first-third mean. Target (and the
+  verdict's "two rungs"): both shown. `rungs_shown` holds each.
 * **Stronger model.** Its share of the step's trained jobs (0 in a step with jobs on other
   models only; steps without jobs skipped), first-third mean → last-third mean. Target: rises.
   Unnamed, it is the strongest model seen, by the registry's order (weakest first).
@@ -31,7 +36,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SATURATION = 0.9  # validation pass rate counted as saturated
+SATURATION = 0.8  # first-try validation pass rate counted as saturated
 WINDOW = 3  # steps in the forward rolling means of the rung definitions
 CLIMB_MARGIN = 0.02  # improvement above the first third's mean that counts as a climb
 MIN_STEPS = 3
@@ -83,7 +88,9 @@ class Findings:
     reward: dict[str, float | int | None]  # first, peak, peak_step, last, first_third, last_third
     validation_saturation_step: int | None
     improvement_climb_step: int | None
+    validation: dict[str, Any]  # metric (the series used), first_third, last_third
     improvement: dict[str, float | None]  # first_third, last_third
+    rungs_shown: dict[str, bool | None]  # validation (rung 1), improvement (rung 2)
     strong_model: str | None
     strong_share: dict[str, float | None]  # first, last (thirds' means)
     hp_use: dict[str, float | None]  # first, last (thirds' means)
@@ -189,27 +196,38 @@ def compute_findings(steps: list[dict], heldout: list[dict],
             + ("at least doubles" if met else "does not double") + f" first third {_f(a)}")
 
     # 2. the two rungs: validation saturates, then the improvement climbs
-    val = _series(rows, "validation_pass_rate")
+    metric = ("first_try_pass_rate" if any(r.get("first_try_pass_rate") is not None for r in rows)
+              else "validation_pass_rate")
+    val = _series(rows, metric)
     imp = _series(rows, "hidden_eval_improvement")
     saturation = _stays_from(val, lambda m: m >= SATURATION) if len(val) >= MIN_STEPS else None
+    v_first, v_last = _thirds([v for _, v in val])
     i_first, i_last = _thirds([v for _, v in imp])
     climb = None
     if i_first is not None:
         climb = _stays_from(imp, lambda m: m > i_first + CLIMB_MARGIN)
+    validation = {"metric": metric, "first_third": v_first, "last_third": v_last}
     improvement = {"first_third": i_first, "last_third": i_last}
-    if i_first is None or i_last is None:
+    rung1 = None if v_first is None else (saturation is not None and saturation > val[0][0])
+    rung2 = None if i_first is None or i_last is None else i_last > i_first
+    rungs_shown = {"validation": rung1, "improvement": rung2}
+    if rung1 is None or rung2 is None:
         verdicts["rungs"], targets["rungs"] = NOT_ENOUGH, None
     else:
-        met = i_last > i_first
-        targets["rungs"] = met
-        sat = (f"validation saturated (≥{SATURATION:.0%}) from step {saturation}"
-               if saturation is not None else "validation never saturated")
-        clb = (f"improvement climbed from step {climb}" if climb is not None
-               else "improvement never climbed for good")
-        both = (saturation is not None and climb is not None and met)
-        verdicts["rungs"] = (("two rungs: " if both else "rungs not both shown: ") + f"{sat}; {clb}; "
-                             f"improvement {_f(i_first)} (first third) → {_f(i_last)} "
-                             "(last third)")
+        targets["rungs"] = rung1 and rung2
+        name = "first-try validation" if metric == "first_try_pass_rate" else "validation"
+        sat = (f"saturated (≥{SATURATION:.0%}) from step {saturation}"
+               if saturation is not None else "never saturated")
+        if saturation is not None and not rung1:
+            sat += " (the first step: nothing to learn)"
+        clb = (f"climbed from step {climb}" if climb is not None
+               else "never climbed for good")
+        verdicts["rungs"] = (
+            ("two rungs: " if rung1 and rung2 else "rungs not both shown: ")
+            + f"rung 1 {'shown' if rung1 else 'not shown'}: {name} {_f(v_first)} (first "
+            f"third) → {_f(v_last)} (last third), {sat}; rung 2 "
+            f"{'shown' if rung2 else 'not shown'}: improvement {_f(i_first)} → {_f(i_last)}, "
+            f"{clb}")
 
     # 3. the stronger model's share of jobs
     shares_rows = [r for r in rows if r.get("base_model_share")]
@@ -251,7 +269,8 @@ def compute_findings(steps: list[dict], heldout: list[dict],
 
     return Findings(
         steps=len(rows), reward=reward, validation_saturation_step=saturation,
-        improvement_climb_step=climb, improvement=improvement, strong_model=strong,
+        improvement_climb_step=climb, validation=validation, improvement=improvement,
+        rungs_shown=rungs_shown, strong_model=strong,
         strong_share={"first": s_first, "last": s_last},
         hp_use={"first": h_first, "last": h_last}, transfer=transfer,
         verdicts=verdicts, targets=targets)
@@ -273,6 +292,7 @@ def pool_findings(runs: list[Findings]) -> dict[str, Any]:
     out["validation_saturation_step"] = pooled(lambda f: f.validation_saturation_step)
     out["improvement_climb_step"] = pooled(lambda f: f.improvement_climb_step)
     for key in ("first_third", "last_third"):
+        out[f"validation_{key}"] = pooled(lambda f, k=key: f.validation[k])
         out[f"improvement_{key}"] = pooled(lambda f, k=key: f.improvement[k])
     for key in ("first", "last"):
         out[f"strong_share_{key}"] = pooled(lambda f, k=key: f.strong_share[k])

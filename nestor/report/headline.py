@@ -9,7 +9,7 @@ from typing import Any
 
 from nestor.report import fmt
 from nestor.report.data import RunData
-from nestor.report.findings import NOT_ENOUGH, Findings, compute_findings
+from nestor.report.findings import NOT_ENOUGH, SATURATION, Findings, compute_findings
 
 QUESTIONS = {
     "reward": "Did the reward rise? (first → peak → last)",
@@ -38,8 +38,10 @@ def _numbers(key: str, f: Findings, data: RunData) -> str:
         return (f"{fmt.num(r['first'])} → {fmt.num(r['peak'])} (step {r['peak_step']}) → "
                 f"{fmt.num(r['last'])}")
     if key == "rungs":
-        sat = (f"validation ≥ 90% from step {f.validation_saturation_step}"
-               if f.validation_saturation_step is not None else "validation: never saturated")
+        name = ("first-try validation" if f.validation.get("metric") == "first_try_pass_rate"
+                else "validation")
+        sat = (f"{name} ≥ {SATURATION:.0%} from step {f.validation_saturation_step}"
+               if f.validation_saturation_step is not None else f"{name}: never saturated")
         climb = (f"improvement climbs from step {f.improvement_climb_step}"
                  if f.improvement_climb_step is not None else "improvement: no lasting climb")
         return f"{sat}; {climb}"

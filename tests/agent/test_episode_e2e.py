@@ -14,7 +14,8 @@ GOOD = {"base_model": "tiny-s", "config_mode": "tune", "learning_rate": "scaffol
         "max_steps": "full_budget", "prompts_per_step": "8", "group_size": "4",
         "max_new_tokens": "scaffold", "data_source": "resampled", "n_rows": "256",
         "framing": "exact", "rubric": "partial", "extract": "whole", "lora_rank": "scaffold",
-        "updates_per_step": "scaffold", "grad_clip": "scaffold"}
+        "updates_per_step": "scaffold", "grad_clip": "scaffold",
+        "reward_def": "async_def", "exports": "all", "row_keys": "prompt"}  # no slips
 
 
 def _confident(comp: Composer) -> None:

@@ -64,11 +64,16 @@ def test_pre_scores_before_the_run_with_progress(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(evaluate, "pre_score", lambda m, t, d, registry=None: calls.append((m, t)))
-    cfg = load_run_config(Path("configs/quickstart.toml"))
+    quick = load_run_config(Path("configs/quickstart.toml"))
+    assert quick.heldout_episodes == 0  # the quickstart skips the held-out eval...
+    _prescore(quick, TaskRegistry(), lambda s: None)
+    assert calls == [(m, t) for m in quick.episode_config().models for t in quick.tasks]
+    calls.clear()
+    cfg = quick.model_copy(update={"heldout_episodes": 1})  # ...a run with one pre-scores it
     phases = []
     _prescore(cfg, TaskRegistry(), lambda s: phases.append(s["phase"]))
     heldout = [r.id for r in TaskRegistry().heldout_tasks()]
-    tasks = list(cfg.tasks) + heldout  # quickstart runs the held-out eval too
+    tasks = list(cfg.tasks) + heldout
     assert calls == [(m, t) for m in cfg.episode_config().models for t in tasks]
     assert phases[0].startswith(f"pre-scores 1/{len(calls)}: tiny-s on {tasks[0]}")
     assert phases[-1] is None and len(phases) == len(calls) + 1

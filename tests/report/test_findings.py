@@ -10,13 +10,15 @@ import pytest
 from nestor.report.findings import NOT_ENOUGH, compute_findings, mean_ci95, pool_findings, t95
 
 
-def rows(reward, valid=None, imp=None, strong=None, hp=None):
+def rows(reward, valid=None, imp=None, strong=None, hp=None, first_try=None):
     n = len(reward)
     out = []
     for i in range(n):
         r = {"step": i + 1, "reward_mean": reward[i]}
         if valid is not None:
             r["validation_pass_rate"] = valid[i]
+        if first_try is not None:
+            r["first_try_pass_rate"] = first_try[i]
         if imp is not None:
             r["hidden_eval_improvement"] = imp[i]
         if strong is not None:
@@ -65,13 +67,39 @@ def test_too_few_steps_is_not_enough_data():
 
 
 def test_rungs_saturation_then_climb():
-    valid = [0.25, 0.5, 1.0, 1.0, 0.875, 1.0, 1.0, 1.0, 1.0]
+    valid = [0.25, 0.5, 0.75, 1.0, 0.875, 1.0, 1.0, 1.0, 1.0]
     imp = [0.0, 0.01, 0.0, 0.01, 0.05, 0.08, 0.1, 0.12, 0.15]
     f = compute_findings(rows(RISING, valid=valid, imp=imp), [])
-    assert f.validation_saturation_step == 3  # rolling mean of 3 from step 3 on ≥ 0.9
+    assert f.validation["metric"] == "validation_pass_rate"  # an old run: no first-try series
+    assert f.validation_saturation_step == 3  # rolling mean of 3 from step 3 on ≥ 0.8
     assert f.improvement_climb_step == 4  # rolling mean from step 4 on > 0.0033 + 0.02
     assert f.improvement["last_third"] > f.improvement["first_third"]
+    assert f.rungs_shown == {"validation": True, "improvement": True}
     assert f.targets["rungs"] is True and f.verdicts["rungs"].startswith("two rungs")
+    assert "saturated (≥80%) from step 3" in f.verdicts["rungs"]
+    assert "climbed from step 4" in f.verdicts["rungs"]
+
+
+def test_rungs_use_the_first_try_pass_rate_when_recorded():
+    every = [1.0] * 9  # every job validated in the end: saturated from step 1
+    first = [0.25, 0.375, 0.5, 0.5, 0.75, 0.875, 0.875, 1.0, 0.875]
+    imp = [0.0, 0.01, 0.0, 0.01, 0.05, 0.08, 0.1, 0.12, 0.15]
+    f = compute_findings(rows(RISING, valid=every, first_try=first, imp=imp), [])
+    assert f.validation["metric"] == "first_try_pass_rate"
+    assert f.validation_saturation_step == 5  # (0.75 + 0.875 + 0.875) / 3 ≥ 0.8 from step 5
+    assert f.validation["first_third"] == pytest.approx(0.375)
+    assert f.targets["rungs"] is True and "first-try validation 0.375" in f.verdicts["rungs"]
+
+
+def test_saturated_from_the_first_step_is_no_first_rung_and_the_verdict_agrees():
+    imp = [0.0, 0.01, 0.0, 0.01, 0.05, 0.08, 0.1, 0.12, 0.15]  # rung 2 shows
+    f = compute_findings(rows(RISING, first_try=[0.9] * 9, imp=imp), [])
+    assert f.validation_saturation_step == 1
+    assert f.rungs_shown == {"validation": False, "improvement": True}
+    assert f.targets["rungs"] is False
+    assert f.verdicts["rungs"].startswith("rungs not both shown: rung 1 not shown")
+    assert "(the first step: nothing to learn)" in f.verdicts["rungs"]
+    assert "rung 2 shown" in f.verdicts["rungs"]
 
 
 def test_rungs_flip_without_saturation_or_climb():
@@ -83,10 +111,27 @@ def test_rungs_flip_without_saturation_or_climb():
     assert "never saturated" in f.verdicts["rungs"] and "never climbed" in f.verdicts["rungs"]
 
 
+@pytest.mark.parametrize("first,imp", [
+    ([0.2, 0.4, 0.6, 0.9, 0.9, 0.9], [0.0, 0.0, 0.1, 0.1, 0.2, 0.2]),
+    ([0.2, 0.4, 0.6, 0.9, 0.9, 0.9], [0.2, 0.2, 0.1, 0.1, 0.0, 0.0]),
+    ([0.9, 0.9, 0.9, 0.9, 0.9, 0.9], [0.0, 0.0, 0.1, 0.1, 0.2, 0.2]),
+    ([0.2, 0.2, 0.2, 0.2, 0.2, 0.2], [0.2, 0.2, 0.1, 0.1, 0.0, 0.0]),
+])
+def test_the_rungs_target_and_verdict_always_agree(first, imp):
+    f = compute_findings(rows(RISING[:6], first_try=first, imp=imp), [])
+    both = f.rungs_shown["validation"] and f.rungs_shown["improvement"]
+    assert f.targets["rungs"] is both
+    assert f.verdicts["rungs"].startswith("two rungs") is both
+    js = f.to_json()  # the JSON carries the same numbers the text quotes
+    assert js["validation_saturation_step"] == f.validation_saturation_step
+    assert f"{js['validation']['first_third']:.3f}" in f.verdicts["rungs"]
+    assert f"{js['improvement']['last_third']:.3f}" in f.verdicts["rungs"]
+
+
 def test_a_late_dip_moves_the_saturation_step():
     valid = [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     f = compute_findings(rows(RISING, valid=valid), [])
-    assert f.validation_saturation_step == 7  # the dip at 6 pulls windows 4..6 below 0.9
+    assert f.validation_saturation_step == 7  # the dip at 6 pulls windows 4..6 below 0.8
 
 
 def test_strong_model_share_rises_or_falls():
