@@ -87,6 +87,11 @@ class EpisodeRecord:
                          policy_version=self.policy_version)
 
 
+# Probes per episode that may fail for the harness's own reasons (a sandbox that did not start in
+# time on a loaded machine) without costing the agent an attempt; past this, they count.
+MAX_HARNESS_FAILURES = 2
+
+
 def format_report(report: Any, attempt: int, max_attempts: int, trained: bool = True) -> str:
     """The submit tool's answer: a verdict line, then one `ok|FAIL name: message` line per check."""
     checks = list(report.checks)
@@ -122,6 +127,7 @@ class _Episode:
         self.tools = TOOL_SCHEMAS
         self.rec = EpisodeRecord(episode_id, spec.id, spec.family, policy.name, policy.version)
         self.passed_on: int | None = None
+        self.harness_failures = 0  # probes that failed for our reasons: not counted as attempts
         self.seed = seed
         self.files_written: set[str] = set()  # paths a write_file/edit_file call changed
 
@@ -203,6 +209,12 @@ class _Episode:
         self.ledger.add_report(self.rec.id, n, passed=report.passed,
                                checks=[c.model_dump() for c in report.checks],
                                elapsed_s=report.elapsed_s)
+        if report.harness_failure and self.harness_failures < MAX_HARNESS_FAILURES:
+            self.harness_failures += 1
+            return (format_report(report, n - self.harness_failures + 1, self.cfg.max_attempts)
+                    + "\nThe probe could not run (not your job's fault): this submit does not "
+                    "count as an attempt; submit again."), None
+        n -= self.harness_failures  # the attempts that count against the agent
         text = format_report(report, n, self.cfg.max_attempts, trained=self.pool is not None)
         if report.passed:
             self.passed_on = n

@@ -59,6 +59,10 @@ class ValidationReport(BaseModel):
     passed: bool
     checks: list[Check]
     elapsed_s: float = Field(description="Wall-clock seconds the probe took.")
+    harness_failure: bool = Field(
+        False, description="The probe could not run for a reason that is not the job's (its "
+        "sandbox did not start in time on a loaded machine, the probe itself crashed): an "
+        "episode does not count the attempt against the agent.")
 
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
@@ -73,6 +77,7 @@ class ValidationReport(BaseModel):
 class _Report:
     def __init__(self, on_check: Callable[[Check], None] | None = None):
         self.checks: list[Check] = []
+        self.harness_failure = False  # a failure that is ours, not the job's
         self.on_check = on_check  # progress for a person watching (`nestor job validate`)
 
     def add(self, name: str, ok: bool, message: str) -> bool:
@@ -101,11 +106,13 @@ def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEF
         raise  # no sandbox for agent code here: not the job's fault, the run must stop
     except Exception as exc:  # a bug of ours must not take the episode down with it
         log.exception("validation probe crashed")
+        report.harness_failure = True
         report.add("probe", False, f"the probe itself failed ({type(exc).__name__}: {exc}); "
                    "this is not your job's fault — resubmit")
     checks = report.checks
     return ValidationReport(passed=bool(checks) and all(c.ok for c in checks), checks=checks,
-                            elapsed_s=round(time.perf_counter() - t0, 3))
+                            elapsed_s=round(time.perf_counter() - t0, 3),
+                            harness_failure=report.harness_failure)
 
 
 def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_run: bool,
@@ -228,8 +235,10 @@ def _sandbox_checks(source: JobTaskSource, spec: TaskSpec, config: JobConfig | N
                     tokenizer, dry_run: bool, memory_cap_mb: int, report: _Report) -> None:
     try:
         source.start()
-    except TaskSourceError as exc:
-        report.add("imports", False, f"the sandbox did not start: {exc}")
+    except TaskSourceError as exc:  # no job code runs before import: the host's trouble
+        report.harness_failure = True
+        report.add("imports", False, f"the sandbox did not start: {exc}; this is not your "
+                   "job's fault — resubmit")
         return
     try:
         info = source.import_env()

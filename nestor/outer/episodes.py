@@ -58,11 +58,12 @@ def summarize(rec: Any, run_dir: Path, max_new_tokens: int, token_budget: int) -
     attempts = sorted(ep_dir.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
     job_dir = ep_dir / "job" if (ep_dir / "job").is_dir() else (attempts[-1] if attempts else None)
     result = rec.result
+    counted = [r for r in rec.reports if not getattr(r, "harness_failure", False)]
     info: dict[str, Any] = {
         "episode_id": rec.id,
         "attempts": rec.attempts,
         "validated": any(getattr(r, "passed", False) for r in rec.reports),
-        "first_try": bool(rec.reports) and bool(getattr(rec.reports[0], "passed", False)),
+        "first_try": bool(counted) and bool(getattr(counted[0], "passed", False)),
         "end_reason": rec.end_reason,
         "malformed_calls": sum(1 for t in rec.turns if t.parse_error),
         "knobs_changed": (knobs_changed(job_dir, max_new_tokens, token_budget)

@@ -162,3 +162,42 @@ def test_concurrent_episodes_share_a_policy_and_a_ledger(ledger):
         assert ep["status"] == "done" and len(ep["turns"]) == len(rec.messages)
         ws = ledger.run_dir / "episodes" / rec.id / "workspace" / "config.toml"
         assert ws.read_text() == "x = 1"  # each episode has its own workspace
+
+
+def test_a_probe_that_could_not_run_does_not_cost_an_attempt(ledger, monkeypatch):
+    import nestor.job.validate as validate
+
+    real, calls_made = validate.validate_job, []
+
+    def flaky(*args, **kwargs):  # the first two probes: the sandbox did not start in time
+        calls_made.append(1)
+        if len(calls_made) <= 2:
+            return validate.ValidationReport(passed=False, elapsed_s=60.0, harness_failure=True,
+                                             checks=[validate.Check(
+                                                 name="imports", ok=False,
+                                                 message="the sandbox did not start")])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validate, "validate_job", flaky)
+    pol = Scripted([calls(("submit", {}))], repeat_last=True)
+    rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_attempts=1))
+    texts = [m.content for m in rec.messages if m.role == "tool"]
+    assert "does not count as an attempt" in texts[0] and "does not count" in texts[1]
+    # the third probe is real (no files: it fails) and is the one counted attempt
+    assert texts[2].startswith("validation failed (attempt 1 of 1)") and "FAIL files:" in texts[2]
+    assert rec.end_reason == "invalid" and len(calls_made) == 3
+
+
+def test_harness_failures_are_capped(ledger, monkeypatch):
+    import nestor.job.validate as validate
+
+    def broken(*args, **kwargs):
+        return validate.ValidationReport(passed=False, elapsed_s=1.0, harness_failure=True,
+                                         checks=[validate.Check(name="probe", ok=False,
+                                                                message="crashed")])
+
+    monkeypatch.setattr(validate, "validate_job", broken)
+    pol = Scripted([calls(("submit", {}))], repeat_last=True)
+    rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_attempts=2))
+    # two free probes, then two counted attempts: no episode loops for ever on our trouble
+    assert rec.end_reason == "invalid" and rec.attempts == 4

@@ -49,3 +49,14 @@ def test_example_verdict(name):
         assert report.passed, report.summary()
         names = [c.name for c in report.checks]
         assert "dry_run" in names and "reference_beats_corrupted" in names
+    assert not report.harness_failure  # every verdict above is the job's own
+
+
+def test_a_sandbox_that_does_not_start_in_time_is_not_the_jobs_fault():
+    from nestor.job.tasksource import Timeouts
+
+    report = validate_job(EXAMPLES / "good-length", REGISTRY.get("length").spec(), warm=False,
+                          dry_run=False, timeouts=Timeouts(start_s=0.01))
+    assert not report.passed and report.harness_failure
+    assert [c.name for c in report.failed()] == ["imports"]
+    assert "not your job's fault" in report.failed()[0].message
