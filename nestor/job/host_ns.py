@@ -32,7 +32,7 @@ import struct
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 FLAGS = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET
-MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x4000, 1 << 18, 2, 4
+MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_BIND = 0x4000, 1 << 18, 2, 4, 0x1000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
 PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 22, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL, SECCOMP_MODE_FILTER = 4, 2
@@ -89,9 +89,45 @@ def enter(tmp_bytes: int) -> None:
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     opts = f"size={tmp_bytes},mode=1777".encode()
-    for where in (b"/tmp", b"/dev/shm"):
-        _check(_libc.mount(b"tmpfs", where, b"tmpfs", MS_NOSUID | MS_NODEV, opts),
-               f"mount tmpfs on {where.decode()}")
+    for where in ("/tmp", "/dev/shm"):
+        kept = _mounts_under(where)
+        old = os.open(where, os.O_PATH | os.O_DIRECTORY)  # the covered tree, still reachable
+        try:
+            _check(_libc.mount(b"tmpfs", where.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts),
+                   f"mount tmpfs on {where}")
+            _rebind(old, where, kept)
+        finally:
+            os.close(old)
+
+
+def _mounts_under(where: str) -> list[tuple[str, bool]]:
+    """The outermost mount points strictly below `where` (e.g. a virtualenv under /tmp that the
+    sandbox binds read-only), each with whether it is a directory."""
+    points = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4]
+            for esc, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"),
+                              ("\\134", "\\")):
+                point = point.replace(esc, char)
+            if point.startswith(where + "/"):
+                points.append(point)
+    outer = [p for p in points if not any(p.startswith(q + "/") for q in points)]
+    return [(p, os.path.isdir(p)) for p in sorted(set(outer))]
+
+
+def _rebind(old: int, where: str, kept: list[tuple[str, bool]]) -> None:
+    """Bind what was mounted below `where` again on top of its fresh tmpfs, from the covered
+    tree (through the fd `old`), recursively, so locked read-only binds stay read-only."""
+    for point, is_dir in kept:
+        rel = point[len(where) + 1:]
+        if is_dir:
+            os.makedirs(point, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(point), exist_ok=True)
+            os.close(os.open(point, os.O_CREAT | os.O_WRONLY, 0o644))
+        _check(_libc.mount(f"/proc/self/fd/{old}/{rel}".encode(), point.encode(), None,
+                           MS_BIND | MS_REC, None), f"bind {point} again")
 
 
 def confine(prog: bytes) -> None:
@@ -121,12 +157,14 @@ def probe(prog: bytes | None, tmp_bytes: int) -> str | None:
         os.close(r)
         msg = b""
         try:
+            shared_tmp = os.stat("/tmp").st_dev
             enter(tmp_bytes)
             g = os.fork()
             if g == 0:  # G: pid 1 of the new namespace
                 try:
                     confine(prog)
-                    ok = os.getpid() == 1 and not os.listdir("/tmp") and _unshare_refused()
+                    ok = (os.getpid() == 1 and os.stat("/tmp").st_dev != shared_tmp
+                          and _unshare_refused())
                     os._exit(0 if ok else 1)
                 except BaseException:
                     os._exit(2)
