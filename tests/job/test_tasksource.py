@@ -127,7 +127,8 @@ def test_the_next_job_finds_a_clean_tmp_and_dev_shm(tmp_path):
     b = _copy(tmp_path, "b", lambda s: s.replace(
         "return float(normalise(trace.last_reply) == self.data.answer)",
         "import os\n        return float(os.path.exists('/tmp/note') or "
-        "os.path.exists('/dev/shm/note') or bool(os.listdir('/tmp')))"))
+        "os.path.exists('/dev/shm/note') or any(not e.is_dir() for d in ('/tmp', '/dev/shm') "
+        "for e in os.scandir(d)))"))  # directories only: the parents of binds below /tmp
     with JobTaskSource(a) as src:
         src.load()
         host = src._zygote
