@@ -4,12 +4,13 @@ For each seed it trains a run (or reads one: --analyze RUN_DIR...), computes the
 nestor.report.findings.compute_findings, then pools them over seeds with 95% intervals, says
 which targets each seed met, measures what the composer learned (which decisions' choice
 frequencies changed from the first third of the episodes to the last, by how much, and whether
-the changes raised the reward), and draws one PNG with all five findings. Last line: JSON.
+the changes raised the reward; per base model, how often its config was tuned and with which
+learning rates), and draws one PNG with all five findings. Last line: JSON.
 
 Run:  .venv/bin/python benchmarks/arc.py --seeds 0 1 2 [--steps N] [--parallel]
       .venv/bin/python benchmarks/arc.py --analyze runs/arc-s0 runs/arc-s1 ...
 Overrides for a smaller measurement: --steps, --token-budget, --workers, --heldout-episodes,
---groups-per-step, --max-in-flight.
+--groups-per-step, --max-in-flight; any other key with --set KEY=VALUE.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ def write_config(args, seed: int, path: Path) -> None:
         cfg["pool"]["workers"] = args.workers
     if args.token_budget:
         cfg["episode"]["token_budget"] = args.token_budget
+    for item in args.set or []:  # e.g. policy.model_conditioned=false (a TOML value)
+        key, _, value = item.partition("=")
+        *tables, name = key.strip().split(".")
+        node = cfg
+        for t in tables:
+            node = node.setdefault(t, {})
+        node[name] = tomllib.loads(f"v = {value.strip()}")["v"]
     path.write_text(tomli_w.dumps(cfg))
 
 
@@ -114,6 +122,28 @@ def decision_shifts(run_dir: Path, top: int = 6) -> list[dict]:
                     "episodes_per_third": k})
     out.sort(key=lambda r: -r["tv_change"])
     return out[:top]
+
+
+def config_by_model(run_dir: Path) -> dict[str, dict]:
+    """Per base model: the share of its episodes that tuned the config, and the learning-rate
+    choices of those that did, first third of the episodes → last (the composer's config
+    decisions are conditioned on the model)."""
+    eps = sorted(read_jsonl(run_dir / "outer" / "episodes.jsonl"),
+                 key=lambda e: e.get("finished_at", 0.0))
+    plans = [v for e in eps if (v := _plan_values(e)) is not None]
+    k = len(plans) // 3
+    out = {}
+    for model in sorted({str(v.get("base_model")) for v in plans}):
+        row = {}
+        for name, part in (("first", plans[:k]), ("last", plans[-k:])):
+            mine = [v for v in part if str(v.get("base_model")) == model]
+            tuned = [v for v in mine if v.get("config_mode") == "tune"]
+            rates = [str(v.get("learning_rate")) for v in tuned]
+            row[name] = {"episodes": len(mine),
+                         "tune": round(len(tuned) / len(mine), 2) if mine else None,
+                         "learning_rate": {c: rates.count(c) for c in sorted(set(rates))}}
+        out[model] = row
+    return out
 
 
 # -- the figure -------------------------------------------------------------------------------
@@ -183,6 +213,8 @@ def main() -> None:
     ap.add_argument("--heldout-episodes", type=int)
     ap.add_argument("--workers", type=int)
     ap.add_argument("--token-budget", type=int)
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="Override any config "
+                    "key (dotted, a TOML value), e.g. --set policy.model_conditioned=false.")
     args = ap.parse_args()
 
     out = args.out or ROOT / "runs" / f"arc-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -226,9 +258,14 @@ def main() -> None:
                 print(f"    {s['decision']:<18} TV {s['tv_change']:.2f}, now mostly "
                       f"{s['now_mostly']} ({s['share']:.0%}); worth {s['reward_worth']:+.3f} "
                       "reward")
+        by_model = config_by_model(run_dir)
+        for model, row in by_model.items():
+            print(f"  {model}: episodes {row['first']['episodes']} -> {row['last']['episodes']}, "
+                  f"tuned {row['first']['tune']} -> {row['last']['tune']}, learning rates of "
+                  f"the tuned {row['first']['learning_rate']} -> {row['last']['learning_rate']}")
         per_seed.append({"seed": seed, "run_dir": str(run_dir), "wall_s": walls.get(seed),
                          "run_time_s": elapsed, "findings": f.to_json(),
-                         "decision_shifts": shifts})
+                         "decision_shifts": shifts, "config_by_model": by_model})
 
     pooled = pool_findings([f for _, _, f in runs.values()])
     print(f"\n== pooled over {pooled['runs']} seeds (mean, 95% t-interval over seeds)")

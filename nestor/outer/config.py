@@ -47,6 +47,11 @@ class PolicyConfig(_Section):
         "learning_rate).")
     credit_lr: float = Field(5.0, gt=0, le=1000, description="composer, marginal credit: SGD "
                              "rate on the decision logits.")
+    p_slip: float = Field(0.1, ge=0, lt=1, description="composer: version-0 probability of "
+                          "each naive-writer slip (docs/agent.md); each fails validation.")
+    model_conditioned: bool = Field(True, description="composer: a per-base-model offset on "
+                                    "the config decisions (the right config depends on the "
+                                    "model).")
 
 
 class RunConfig(_Section):

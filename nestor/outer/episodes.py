@@ -32,7 +32,8 @@ def make_policy(config: RunConfig):
     episode = config.episode_config()
     return Composer(ComposerConfig(base_models=episode.models, lr=config.learning_rate,
                                    clip_ratio=config.clip_ratio, seed=config.seed,
-                                   credit=pc.credit, credit_lr=pc.credit_lr,
+                                   credit=pc.credit, credit_lr=pc.credit_lr, p_slip=pc.p_slip,
+                                   model_conditioned=pc.model_conditioned,
                                    token_budget=episode.token_budget))
 
 

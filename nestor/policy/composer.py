@@ -13,7 +13,9 @@ composer_files.py): each makes one of these mistakes with probability `p_slip` (
 0, and every one of them fails the real validation probe. The other decisions (base model, how
 the dataset is built, how many rows, the rubric's form and answer extraction, the prompt
 framing) start uniform; some of their choices fail validation too (8 rows, `after_marker`). Each has its
-own logits: a shared vector plus, when `family_conditioned`, a per-family offset. One episode
+own logits: a shared vector plus, when `family_conditioned`, a per-family offset, and for the
+config decisions (`MODEL_CONDITIONED`), when `model_conditioned`, a per-base-model offset — a
+learning rate that suits one model can ruin another (benchmarks/job_payoffs.py). One episode
 samples its decisions once, renders the job's files and writes them through the workspace
 tools, then submits. After a failed validation it reads the report, resamples only the
 decisions the failing checks point at (the keep decision, for knobs of a kept config),
@@ -23,8 +25,8 @@ from a generator of that seed, so an episode is reproducible whatever runs besid
 The composer is stateless between calls: its plan (the chosen indices and the data seed) is
 the text of its own previous turn, so concurrent episodes can share one composer.
 
-Each Turn carries `action_keys` ("decision@family"), `action_ids` (choice indices) and
-`sample_logprobs`; `train_step` applies the outer loss to them:
+Each Turn carries `action_keys` ("decision@family", "decision@family/model"), `action_ids`
+(choice indices) and `sample_logprobs`; `train_step` applies the outer loss to them:
     loss = −Σ_actions min(r·A, clip(r, 1−ε, 1+ε)·A) / n_episodes,   r = exp(logp_θ − logp_sample)
 """
 
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import threading
 from pathlib import Path
 from typing import Any, Literal
@@ -42,69 +43,23 @@ from pydantic import BaseModel, Field
 
 from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig
 from nestor.job.scaffold import scaffold_config
-from nestor.models.registry import learning_rate_grid
 from nestor.policy import composer_files as files
 from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
+from nestor.policy.composer_decisions import (
+    CONFIG_KNOBS,
+    CONFIG_MODES,
+    DATA_DECISIONS,
+    MODEL_CONDITIONED,
+    PLAN,
+    WRITER_SLIPS,
+    blame,
+    knob_value,
+    last_plan,
+    split_key,
+)
 from nestor.policy.credit import MarginalCredit
-from nestor.policy.programs import FRAMINGS, build_rows
+from nestor.policy.programs import build_rows
 from nestor.tasks import TaskSpec
-
-SCAFFOLD = "scaffold"  # a knob's choice "keep the scaffold's value"
-CONFIG_MODES = ["keep_scaffold", "tune"]  # the whole config: the scaffold's, or knob by knob
-CONFIG_KNOBS: dict[str, list[Any]] = {  # JobConfig knob -> grid; the scaffold's value first
-    "learning_rate": [SCAFFOLD, "third", "triple", "tenfold"],  # × the model's default rate
-    "max_steps": [SCAFFOLD, "quarter_budget", "half_budget", "full_budget"],
-    "prompts_per_step": [SCAFFOLD, 8, 32],
-    "group_size": [SCAFFOLD, 4, 16],
-    "max_new_tokens": [SCAFFOLD, "half_spec", "double_spec"],  # scaffold: the spec's length
-    "temperature": [SCAFFOLD, 0.7, 1.3],
-    "lora_rank": [SCAFFOLD, 8, 32],
-    "lora_alpha": [SCAFFOLD, 16, 64],
-    "clip_ratio": [SCAFFOLD, 0.0, 0.4],
-    "kl_coef": [SCAFFOLD, 0.02, 0.1],
-    "updates_per_step": [SCAFFOLD, 2],
-    "scale_rewards": [SCAFFOLD, True],
-    "skip_zero_variance": [SCAFFOLD, False],
-    "weight_decay": [SCAFFOLD, 0.01],
-    "grad_clip": [SCAFFOLD, 0.0],
-}
-_LR_CHOICE = {"third": 0, "triple": 2, "tenfold": 3}  # index into registry.learning_rate_grid
-DATA_DECISIONS: dict[str, list[Any]] = {
-    "data_source": ["given", "augmented", "resampled"],
-    "n_rows": [8, 64, 256, 1024],
-    "input_range": ["observed", "widened"],
-    "framing": list(FRAMINGS),
-    "rubric": list(files.RUBRICS),
-    "extract": list(files.EXTRACTS),
-}
-# A naive writer's slips (composer_files.py): choice 0 is right, every other fails validation.
-WRITER_SLIPS: dict[str, list[Any]] = {
-    "reward_def": list(files.REWARD_DEFS),
-    "exports": list(files.EXPORTS),
-    "row_keys": list(files.ROW_KEYS),
-}
-# Which decisions a failing validation check points at (check names of nestor.job.validate).
-_RUBRIC = ("rubric", "extract")
-_BLAME: dict[str, tuple[str, ...]] = {
-    "budget": ("max_steps", "prompts_per_step", "group_size", "max_new_tokens"),
-    "config": ("base_model", *CONFIG_KNOBS),
-    "dataset": ("data_source", "n_rows", "input_range", "framing", "row_keys"),
-    "load": ("data_source", "n_rows", "row_keys"),
-    "taskset": ("exports",),
-    "context": ("framing", "max_new_tokens", "input_range"),
-    "rewards_valid": ("reward_def", *_RUBRIC), "deterministic": _RUBRIC, "reward_speed": _RUBRIC,
-    "reference_beats_empty": _RUBRIC, "reference_beats_corrupted": _RUBRIC,
-    "not_constant": _RUBRIC,
-    "dry_run": ("base_model", "max_new_tokens"),
-}
-_UNKNOWN = ("data_source", "n_rows", "framing", "rubric", "extract")  # files, imports, probe, ...
-_PLAN = "plan: "
-_FAIL = re.compile(r"^FAIL\s+(?P<name>[^:]+):(?P<msg>.*)$", re.M)
-# Failures the job did not cause (a sandbox that could not start in time on a loaded machine,
-# a crash of the probe itself): nothing to resample, the retry resubmits the same job.
-_NOT_THE_JOB = re.compile(r"the sandbox did not start|this is not your job's fault")
-MAX_STEPS_LIMIT = next(m.le for m in JobConfig.model_fields["max_steps"].metadata
-                       if getattr(m, "le", None) is not None)
 
 
 class ComposerConfig(BaseModel):
@@ -114,6 +69,8 @@ class ComposerConfig(BaseModel):
                                 description="Families with their own logit offsets.")
     family_conditioned: bool = Field(True, description="Add a per-family offset to the "
                                      "shared logits of every decision.")
+    model_conditioned: bool = Field(True, description="Add a per-base-model offset to the "
+                                    "logits of the config decisions (MODEL_CONDITIONED).")
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, gt=0, description="The job's sampled-token "
                               "cap the budget-relative max_steps choices aim at.")
     lr: float = Field(0.05, gt=0, le=10, description="Adam learning rate of the logits.")
@@ -137,25 +94,6 @@ class ComposerConfig(BaseModel):
                                 "by older evidence.")
 
 
-def _knob_value(key: str, value: Any, cfg: dict, scaffold: JobConfig, spec: TaskSpec,
-                budget: int) -> Any:
-    """A knob's choice as a JobConfig value; `cfg` holds the knobs resolved before it."""
-    if value == SCAFFOLD:
-        return getattr(scaffold, key)
-    if key == "max_new_tokens":
-        n = spec.max_new_tokens
-        return {"half_spec": max(1, n // 2), "double_spec": 2 * n}[value]
-    if key == "learning_rate":
-        grid = learning_rate_grid(cfg["base_model"], lora=cfg["lora_rank"] > 0)
-        return grid[_LR_CHOICE[value]]
-    if key == "max_steps":
-        per_step = cfg["prompts_per_step"] * cfg["group_size"] * cfg["max_new_tokens"]
-        share = {"quarter_budget": 0.25, "half_budget": 0.5, "full_budget": 1.0}[value]
-        # a large budget over a small batch must not ask for more steps than JobConfig allows
-        return min(MAX_STEPS_LIMIT, max(1, int(budget * share) // per_step))
-    return value
-
-
 class Composer:
     """See the module docstring. `act` is thread-safe."""
 
@@ -174,6 +112,10 @@ class Composer:
             {f"{fam}__{k}": torch.nn.Parameter(torch.zeros(len(v)))
              for fam in self.config.families for k, v in self.decisions.items()}
             if self.config.family_conditioned else {})
+        self.by_model: dict[str, torch.nn.Parameter] = {  # a plain dict: names hold dots
+            f"{m}__{k}": torch.nn.Parameter(torch.zeros(len(self.decisions[k])))
+            for m in self.config.base_models for k in MODEL_CONDITIONED
+        } if self.config.model_conditioned else {}
         self.optimizer = torch.optim.Adam(self.parameters(), lr=self.config.lr)
         self._gen = torch.Generator().manual_seed(self.config.seed)
         self._lock = threading.Lock()
@@ -192,37 +134,54 @@ class Composer:
         return out
 
     def parameters(self) -> list[torch.nn.Parameter]:
-        return [*self.shared.values(), *self.by_family.values()]
+        return [*self.shared.values(), *self.by_family.values(), *self.by_model.values()]
 
     # -- the distribution ---------------------------------------------------------------------
-    def _action_key(self, decision: str, family: str) -> str:
-        return f"{decision}@{family}" if f"{family}__{decision}" in self.by_family else decision
+    def _action_key(self, decision: str, family: str, model: str = "") -> str:
+        """"decision", "decision@family", "decision@family/model" or "decision@/model": the
+        parts this composer has offsets for."""
+        fam = family if f"{family}__{decision}" in self.by_family else ""
+        mod = model if f"{model}__{decision}" in self.by_model else ""
+        suffix = fam + (f"/{mod}" if mod else "")
+        return f"{decision}@{suffix}" if suffix else decision
+
+    def _known_key(self, key: str) -> str:
+        """A recorded key reduced to the offsets this composer has (e.g. after a config
+        change)."""
+        decision, family, model = split_key(key)
+        return self._action_key(decision, family, model)
 
     def logits(self, action_key: str) -> torch.Tensor:
-        decision, _, family = action_key.partition("@")
+        decision, family, model = split_key(action_key)
         out = self.shared[decision]  # [n_choices]
         if family:
             out = out + self.by_family[f"{family}__{decision}"]
+        if model:
+            out = out + self.by_model[f"{model}__{decision}"]
         return out
 
-    def probabilities(self, family: str = "") -> dict[str, dict[str, float]]:
+    def probabilities(self, family: str = "", model: str = "") -> dict[str, dict[str, float]]:
         """Current choice probabilities per decision (for reports and tests)."""
         with torch.no_grad():
             return {d: {str(c): float(p) for c, p in zip(
-                choices, torch.softmax(self.logits(self._action_key(d, family)), -1),
+                choices, torch.softmax(self.logits(self._action_key(d, family, model)), -1),
                 strict=True)} for d, choices in self.decisions.items()}
 
-    def _sample(self, names: list[str], family: str,
-                gen: torch.Generator) -> tuple[list[str], list[int], list[float]]:
+    def _sample(self, names: list[str], family: str, gen: torch.Generator,
+                model: str = "") -> tuple[list[str], list[int], list[float]]:
+        """Sample `names` in order; once `base_model` is drawn, the config decisions after it
+        are conditioned on the model drawn (else on `model`)."""
         keys, ids, logps = [], [], []
         with torch.no_grad(), self._lock:
             for name in names:
-                key = self._action_key(name, family)
+                key = self._action_key(name, family, model)
                 logp = torch.log_softmax(self.logits(key), -1)
                 idx = int(torch.multinomial(logp.exp(), 1, generator=gen))
                 keys.append(key)
                 ids.append(idx)
                 logps.append(float(logp[idx]))
+                if name == "base_model":
+                    model = str(self.decisions["base_model"][idx])
         return keys, ids, logps
 
     def _generator(self, obs: Observation) -> torch.Generator:
@@ -240,7 +199,7 @@ class Composer:
             return Turn(Message("assistant", "The composer needs the task spec in the "
                                 "observation; it cannot read prose."))
         gen = self._generator(obs)
-        plan = _last_plan(obs.messages)
+        plan = last_plan(obs.messages)
         if plan is None:  # first turn: every decision (knobs only when tuning), and a data seed
             names = [d for d in self.decisions if d not in CONFIG_KNOBS]
             keys, ids, logps = self._sample(names, spec.family, gen)
@@ -249,28 +208,32 @@ class Composer:
                 data_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         else:
             choices = dict(plan["choices"])
-            blamed = _blame(obs.messages, self.decisions)
+            blamed = blame(obs.messages, self.decisions)
             if choices.get("config_mode", 0) == 0 and any(b in CONFIG_KNOBS for b in blamed):
                 # knobs of a kept scaffold config cannot change: the decision to keep it can
                 blamed = [b for b in blamed if b not in CONFIG_KNOBS]
                 blamed = [d for d in self.decisions if d in {*blamed, "config_mode"}]
             if not blamed:  # nothing to fix (e.g. the last submit never ran): submit again
-                return Turn(Message("assistant", _PLAN + json.dumps(plan),
+                return Turn(Message("assistant", PLAN + json.dumps(plan),
                                     [ToolCall("submit", {}, "c0")]))
-            keys, ids, logps = self._sample(blamed, spec.family, gen)
+            keys, ids, logps = self._sample(blamed, spec.family, gen,
+                                            self._model_of(choices))
             choices.update(zip(blamed, ids, strict=True))
             data_seed = plan["data_seed"]
         if self.decisions["config_mode"][choices["config_mode"]] == "tune":
             missing = [k for k in CONFIG_KNOBS if k not in choices]
             if missing:  # newly tuning: every knob gets its own decision
-                k2, i2, l2 = self._sample(missing, spec.family, gen)
+                k2, i2, l2 = self._sample(missing, spec.family, gen, self._model_of(choices))
                 keys, ids, logps = keys + k2, ids + i2, logps + l2
                 choices.update(zip(missing, i2, strict=True))
         calls = self._write_calls(spec, choices, data_seed)
         plan = {"choices": choices, "data_seed": data_seed,
                 "values": {k: self.decisions[k][i] for k, i in choices.items()}}
-        return Turn(Message("assistant", _PLAN + json.dumps(plan), calls),
+        return Turn(Message("assistant", PLAN + json.dumps(plan), calls),
                     action_ids=ids, sample_logprobs=logps, action_keys=keys)
+
+    def _model_of(self, choices: dict[str, int]) -> str:
+        return str(self.decisions["base_model"][choices["base_model"]])
 
     def job_config(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> JobConfig:
         """The JobConfig of a plan: the scaffold's config, or (`config_mode` tune) each knob's
@@ -287,7 +250,7 @@ class Composer:
                  "learning_rate")  # max_steps needs the batch shape; the rate, model and LoRA
         for key in order:
             value = self.decisions[key][choices.get(key, 0)]
-            cfg[key] = _knob_value(key, value, cfg, scaffold, spec, self.config.token_budget)
+            cfg[key] = knob_value(key, value, cfg, scaffold, spec, self.config.token_budget)
         return JobConfig(**cfg, seed=seed)
 
     def _write_calls(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> list[ToolCall]:
@@ -324,9 +287,7 @@ class Composer:
                 decision = key.partition("@")[0]
                 if decision not in self.decisions or idx >= len(self.decisions[decision]):
                     continue  # a decision this composer no longer has: no gradient
-                if "@" in key and f"{key.partition('@')[2]}__{decision}" not in self.by_family:
-                    key = decision
-                now.append(torch.log_softmax(self.logits(key), -1)[idx])
+                now.append(torch.log_softmax(self.logits(self._known_key(key)), -1)[idx])
                 then.append(old)
         if not now:
             return torch.zeros(0), torch.zeros(0)
@@ -342,12 +303,17 @@ class Composer:
         all-choice objective (nestor/policy/credit.py)."""
         actions = []
         for item in batch:
-            for turn in item.turns:
-                for key, idx in zip(turn.action_keys, turn.action_ids, strict=True):
-                    decision = key.partition("@")[0]
-                    if decision in self.decisions and idx < len(self.decisions[decision]):
-                        actions.append((self._known_key(key), len(self.decisions[decision]),
-                                        idx, float(item.advantage)))
+            # Only the first plan: a retry's choices exist only in episodes whose first submit
+            # failed, so their pooled mean advantage is that failure's, not theirs — crediting
+            # them would push down the very fix (choice 0 of a slip) the retry made.
+            first = next((t for t in item.turns if t.action_keys), None)
+            if first is None:
+                continue
+            for key, idx in zip(first.action_keys, first.action_ids, strict=True):
+                decision = key.partition("@")[0]
+                if decision in self.decisions and idx < len(self.decisions[decision]):
+                    actions.append((self._known_key(key), len(self.decisions[decision]),
+                                    idx, float(item.advantage)))
         if not actions:
             return {"loss": 0.0, "n_episodes": 0.0}
         self.credit.update(actions)
@@ -369,10 +335,6 @@ class Composer:
         return {"loss": float(loss.detach()), "n_episodes": float(len(batch)),
                 "n_actions": float(len(actions)), "credit_spread_max": spread,
                 "entropy": self._entropy()}
-
-    def _known_key(self, key: str) -> str:
-        decision, _, family = key.partition("@")
-        return key if family and f"{family}__{decision}" in self.by_family else decision
 
     def _episode_step(self, batch: list[TrainItem]) -> dict[str, float]:
         eps = self.config.clip_ratio
@@ -412,8 +374,9 @@ class Composer:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"version": self.version, "config": self.config.model_dump(),
                     "params": {k: v.detach() for k, v in
-                               [*self.shared.items(), *(("family:" + k, v) for k, v in
-                                                        self.by_family.items())]},
+                               [*self.shared.items(),
+                                *(("family:" + k, v) for k, v in self.by_family.items()),
+                                *(("model:" + k, v) for k, v in self.by_model.items())]},
                     "optimizer": self.optimizer.state_dict(),
                     "rng": self._gen.get_state(), "credit": self.credit.state_dict()}, path)
 
@@ -421,8 +384,9 @@ class Composer:
         state = torch.load(Path(path), weights_only=True)
         with torch.no_grad():
             for k, v in state["params"].items():
-                table, name = (self.by_family, k[7:]) if k.startswith("family:") else \
-                    (self.shared, k)
+                prefix, _, rest = k.partition(":")
+                table, name = {"family": (self.by_family, rest), "model": (self.by_model, rest)
+                               }.get(prefix, (self.shared, k))
                 if name in table and table[name].shape == v.shape:
                     table[name].copy_(v)
         try:
@@ -434,33 +398,3 @@ class Composer:
             self._gen.set_state(state["rng"])
         if "credit" in state:
             self.credit.load_state_dict(state["credit"])
-
-
-def _last_plan(messages: list[Message]) -> dict | None:
-    for msg in reversed(messages):
-        if msg.role == "assistant" and msg.content.startswith(_PLAN):
-            try:
-                return json.loads(msg.content[len(_PLAN):])
-            except json.JSONDecodeError:
-                return None
-    return None
-
-
-def _blame(messages: list[Message], decisions: dict[str, list[Any]]) -> list[str]:
-    """Decisions to resample: those the failing checks of the last submit (and any failed
-    writes since the plan) point at, in decision order. Unknown failures blame the data and
-    rubric decisions, the composer's most likely culprits."""
-    tail: list[Message] = []
-    for msg in reversed(messages):
-        if msg.role == "assistant" and msg.content.startswith(_PLAN):
-            break
-        tail.append(msg)
-    texts = [m.content for m in tail if m.role == "tool"]
-    failing = [m["name"].strip() for t in texts for m in _FAIL.finditer(t)
-               if not _NOT_THE_JOB.search(m["msg"])]
-    if any(t.startswith("error:") for t in texts):
-        failing.append("write")  # a file tool refused a write: the data is the usual suspect
-    blamed: set[str] = set()
-    for name in failing:
-        blamed.update(_BLAME.get(name, _UNKNOWN))
-    return [d for d in decisions if d in blamed]

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from nestor.job.config import load_job_config
-from nestor.policy.base import Message, Observation, Policy, TrainItem
-from nestor.policy.composer import (
+from nestor.policy.base import Message, Observation, Policy, TrainItem, Turn
+from nestor.policy.composer import Composer, ComposerConfig
+from nestor.policy.composer_decisions import (
     CONFIG_KNOBS,
     MAX_STEPS_LIMIT,
+    MODEL_CONDITIONED,
     WRITER_SLIPS,
-    Composer,
-    ComposerConfig,
 )
 from nestor.sandbox.workspace import TOOL_SCHEMAS, Workspace
 from nestor.tasks import TaskRegistry
@@ -43,7 +43,10 @@ def test_first_turn_writes_a_complete_job_from_a_naive_prior(tmp_path):
     tuned = plan["values"]["config_mode"] == "tune"
     expect = [d for d in comp.decisions if d not in CONFIG_KNOBS] + (
         list(CONFIG_KNOBS) if tuned else [])
-    assert names == expect and all(k.endswith("@strings") for k in turn.action_keys)
+    model = plan["values"]["base_model"]
+    assert names == expect
+    for name, key in zip(names, turn.action_keys, strict=True):  # config decisions: per model
+        assert key.endswith(f"@strings/{model}" if name in MODEL_CONDITIONED else "@strings")
     # version 0: keep the scaffold's config 3 times in 4; each knob kept half the time; each
     # writer's slip made 1 time in 10; the other decisions uniform
     for name, idx, logp in zip(names, turn.action_ids, turn.sample_logprobs, strict=True):
@@ -184,14 +187,13 @@ def test_without_a_spec_it_says_so_instead_of_writing():
     assert not turn.message.tool_calls and "spec" in turn.message.content
 
 
-def _bandit(comp: Composer, task_id: str, steps: int, good: dict[str, str]) -> None:
-    """Reward 1 when each decision in `good` takes its value: group advantages, IS-GRPO."""
+def _bandit(comp: Composer, task_id: str, steps: int, good) -> None:
+    """Reward 1 when each decision in `good` takes its value (or `good(values)` is true):
+    group advantages, the composer's own credit."""
+    ok = good if callable(good) else lambda v: all(str(v[k]) == x for k, x in good.items())
     for _ in range(steps):
         turns = [comp.act(_obs(task_id)) for _ in range(8)]
-        rewards = []
-        for t in turns:
-            values = comp_plan(t)["values"]
-            rewards.append(float(all(str(values[k]) == v for k, v in good.items())))
+        rewards = [float(ok(comp_plan(t)["values"])) for t in turns]
         mean = sum(rewards) / len(rewards)
         comp.train_step([TrainItem([t], r - mean, comp.version) for t, r in zip(turns, rewards,
                                                                                  strict=True)])
@@ -222,6 +224,22 @@ def test_stale_samples_are_importance_weighted_and_clipped():
     assert comp.probabilities("strings")["rubric"] == pytest.approx(frozen["rubric"], abs=0.02)
 
 
+def test_config_decisions_are_learned_per_base_model():
+    """tiny-m's jobs pay with a third of its default learning rate, tiny-s's with the default
+    (benchmarks/job_payoffs.py measured this on the bundled models): the per-model offsets let
+    the composer learn both at once, which one shared learning-rate decision cannot."""
+    def good(v):
+        return v["config_mode"] == "tune" and v["learning_rate"] == (
+            "third" if v["base_model"] == "tiny-m" else "scaffold")
+
+    comp = Composer(ComposerConfig(seed=2, credit_lr=10.0))
+    _bandit(comp, "add", 30, good)
+    lr_m = comp.probabilities("arithmetic", "tiny-m")["learning_rate"]
+    lr_s = comp.probabilities("arithmetic", "tiny-s")["learning_rate"]
+    assert lr_m["third"] > 0.5 > lr_s["third"]
+    assert lr_s["scaffold"] > 0.5 > lr_m["scaffold"]
+
+
 def test_save_load_round_trip_with_the_sampling_generator(tmp_path):
     comp = Composer(ComposerConfig(lr=0.3, seed=4))
     _bandit(comp, "add", 3, {"config_mode": "tune"})
@@ -233,6 +251,8 @@ def test_save_load_round_trip_with_the_sampling_generator(tmp_path):
     # the generator continues where it was, instead of repeating the step-0 draws
     nxt = [comp.act(_obs("add")).action_ids for _ in range(5)]
     assert [fresh.act(_obs("add")).action_ids for _ in range(5)] == nxt
+    for model in comp.config.base_models:  # the per-model offsets travel too
+        assert fresh.probabilities("arithmetic", model) == comp.probabilities("arithmetic", model)
     restart = Composer(ComposerConfig(seed=4))
     assert [restart.act(_obs("add")).action_ids for _ in range(5)] != nxt
 
@@ -335,3 +355,25 @@ def test_a_failure_that_is_not_the_jobs_resubmits_the_same_plan():
     real = comp.act(obs(first.message, Message("tool", "FAIL imports: importing env/x failed: "
                                                "SyntaxError", tool_call_id="c4")))
     assert real.action_keys  # a real import error still blames the data and rubric decisions
+
+
+def test_marginal_credit_counts_only_the_first_plan_not_the_retry():
+    """A retry's choices exist only in episodes whose first submit failed; crediting them with
+    that episode's advantage would push down the repair. Two choices of n_rows with the same
+    first-plan advantage (1024 and 256) must move alike even though every failing episode's
+    retry picked 1024."""
+    comp = Composer(ComposerConfig(seed=0, credit_lr=10.0))
+    key = comp._action_key("n_rows", "counting")
+    rows = comp.decisions["n_rows"]
+
+    def turn(choice):
+        return Turn(Message("assistant", "plan: {}"), action_ids=[rows.index(choice)],
+                    sample_logprobs=[math.log(0.25)], action_keys=[key])
+
+    batch = [TrainItem([turn(8), turn(1024)], -0.3, 0),  # failed first with 8, retried 1024
+             TrainItem([turn(8), turn(1024)], -0.3, 0),
+             TrainItem([turn(1024)], 0.3, 0), TrainItem([turn(256)], 0.3, 0)]
+    comp.train_step(batch)
+    p = comp.probabilities("counting")["n_rows"]
+    assert p["8"] < 0.2
+    assert p["1024"] == pytest.approx(p["256"], abs=1e-6)

@@ -16,7 +16,8 @@ import pytest
 from nestor.agent.episode import format_report
 from nestor.job.validate import static_checks, validate_job
 from nestor.policy.base import Message, Observation, TrainItem
-from nestor.policy.composer import CONFIG_KNOBS, WRITER_SLIPS, Composer, ComposerConfig
+from nestor.policy.composer import Composer, ComposerConfig
+from nestor.policy.composer_decisions import CONFIG_KNOBS, WRITER_SLIPS
 from nestor.sandbox.workspace import TOOL_SCHEMAS, Workspace
 from nestor.tasks import TaskRegistry
 
