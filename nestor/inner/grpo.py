@@ -272,7 +272,9 @@ class GRPOTrainer:
         metrics.update(stats)
         metrics.update({"sample_s": t_sampled - t0, "update_s": t_end - t_sampled,
                         "step_s": t_end - t0, "tokens_per_s": n_sampled / max(t_end - t0, 1e-9),
-                        "groups_trained": int(len(keep))})
+                        # groups learned from: kept *and* with reward variance (a kept
+                        # zero-variance group has advantage 0; the reward's `trained` reads this)
+                        "groups_trained": int((~zero_var)[keep].sum())})
         return metrics
 
     def _update(self, ro: Rollouts, adv: Tensor, keep: Tensor) -> dict:

@@ -80,7 +80,7 @@ MAX_STEPS_LIMIT = next(m.le for m in JobConfig.model_fields["max_steps"].metadat
 
 
 def knob_value(key: str, value: Any, cfg: dict, scaffold: JobConfig, spec: TaskSpec,
-                budget: int) -> Any:
+               budget: int) -> Any:
     """A knob's choice as a JobConfig value; `cfg` holds the knobs resolved before it."""
     if value == SCAFFOLD:
         return getattr(scaffold, key)

@@ -154,6 +154,16 @@ def test_zero_variance_groups_are_skipped(tok):
     assert m["groups_trained"] == 1 and m["zero_var_frac"] == pytest.approx(2 / 3)
 
 
+def test_kept_zero_variance_groups_do_not_count_as_trained(tok):
+    """skip_zero_variance=false keeps constant-reward groups in the update, but their advantage
+    is 0: such a job learned nothing and must not pass the reward's `trained` gate (a job
+    writer found this: weight decay alone then moved the weights)."""
+    trainer = GRPOTrainer(tiny_model(tok), tok, PROMPTS, lambda t, c: [0.5] * len(c),
+                          config(max_steps=1, skip_zero_variance=False, weight_decay=0.01))
+    m = trainer.step()
+    assert m["zero_var_frac"] == 1.0 and m["groups_trained"] == 0
+
+
 def test_lora_updates_only_adapter_weights(tok):
     model = tiny_model(tok)
     trainer = GRPOTrainer(model, tok, PROMPTS, lowercase_share,
