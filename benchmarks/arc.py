@@ -274,7 +274,7 @@ def main() -> None:
                 "validation_saturation_step", "improvement_climb_step",
                 "improvement_first_third", "improvement_last_third", "strong_share_first",
                 "strong_share_last", "hp_use_first", "hp_use_last", "transfer_untrained",
-                "transfer_trained"):
+                "transfer_trained", "transfer_gain"):
         print(f"  {key:<28} {fmt(pooled.get(key))}")
     print("  targets met (seeds):")
     for key in FINDINGS:

@@ -300,6 +300,9 @@ def pool_findings(runs: list[Findings]) -> dict[str, Any]:
     out["transfer_trained"] = pooled(lambda f: f.transfer.trained.mean if f.transfer else None)
     out["transfer_untrained"] = pooled(
         lambda f: f.transfer.untrained.mean if f.transfer else None)
+    # paired by seed (both arms of a run share its tasks and pool): the seed is the unit
+    out["transfer_gain"] = pooled(
+        lambda f: f.transfer.trained.mean - f.transfer.untrained.mean if f.transfer else None)
     out["targets_met"] = {k: sum(1 for f in runs if f.targets.get(k)) for k in FINDINGS}
     out["targets_known"] = {k: sum(1 for f in runs if f.targets.get(k) is not None)
                             for k in FINDINGS}

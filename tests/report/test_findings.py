@@ -208,4 +208,14 @@ def test_t_quantiles_and_pooling():
     assert pooled["reward_first"]["mean"] == pytest.approx(0.275)
     assert pooled["targets_met"]["reward"] == 1 and pooled["targets_known"]["reward"] == 2
     assert pooled["targets_met"]["hp_use"] == 1 and pooled["transfer_trained"] is None
+    assert pooled["transfer_gain"] is None
     json.dumps(pooled)
+
+
+def test_pooled_transfer_gain_is_paired_by_seed():
+    held = [[arm(9, "untrained", "a", [0.1, 0.3]), arm(9, "trained", "a", [0.4, 0.6])],
+            [arm(9, "untrained", "a", [0.5, 0.7]), arm(9, "trained", "a", [0.6, 0.8])]]
+    pooled = pool_findings([compute_findings(rows(RISING), h) for h in held])
+    # gains 0.3 and 0.1: the seeds' arm means differ by 0.4, which the pairing removes
+    assert pooled["transfer_gain"]["mean"] == pytest.approx(0.2)
+    assert pooled["transfer_gain"]["ci95"] == pytest.approx([0.2 - 12.706 * 0.1, 0.2 + 12.706 * 0.1])
