@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from nestor.outer.metrics import read_jsonl
+from nestor.policy.composer_decisions import PLAN
 from nestor.report.findings import FINDINGS, Findings, compute_findings, pool_findings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,21 +82,26 @@ def start_seed(args, seed: int, out: Path) -> tuple[subprocess.Popen, Path]:
 def _plan_values(ep: dict) -> dict | None:
     for turn in reversed(ep.get("turns", [])):
         content = (turn.get("message") or {}).get("content", "")
-        if content.startswith("plan: "):
+        if content.startswith(PLAN):
             try:
-                return json.loads(content[len("plan: "):])["values"]
+                return json.loads(content[len(PLAN):])["values"]
             except (json.JSONDecodeError, KeyError):
                 return None
     return None
 
 
-def decision_shifts(run_dir: Path, top: int = 6) -> list[dict]:
-    """Per decision: total-variation change of its choice frequencies from the first third of
-    the journaled episodes to the last, and the reward that change is worth — Σ_c (f_last −
-    f_first)_c × (mean reward of episodes choosing c − mean reward), over the whole run."""
+def episode_plans(run_dir: Path) -> list[tuple[dict, float]]:
+    """(the plan's chosen values, reward) of every journaled episode with a plan, in the order
+    they finished."""
     eps = sorted(read_jsonl(run_dir / "outer" / "episodes.jsonl"),
                  key=lambda e: e.get("finished_at", 0.0))
-    rows = [(v, float(e["reward"])) for e in eps if (v := _plan_values(e)) is not None]
+    return [(v, float(e["reward"])) for e in eps if (v := _plan_values(e)) is not None]
+
+
+def decision_shifts(rows: list[tuple[dict, float]], top: int = 6) -> list[dict]:
+    """Per decision: total-variation change of its choice frequencies from the first third of
+    the episodes (`episode_plans`) to the last, and the reward that change is worth — Σ_c
+    (f_last − f_first)_c × (mean reward of episodes choosing c − mean reward), over the run."""
     if len(rows) < 6:
         return []
     k = len(rows) // 3
@@ -124,13 +130,11 @@ def decision_shifts(run_dir: Path, top: int = 6) -> list[dict]:
     return out[:top]
 
 
-def config_by_model(run_dir: Path) -> dict[str, dict]:
+def config_by_model(rows: list[tuple[dict, float]]) -> dict[str, dict]:
     """Per base model: the share of its episodes that tuned the config, and the learning-rate
-    choices of those that did, first third of the episodes → last (the composer's config
-    decisions are conditioned on the model)."""
-    eps = sorted(read_jsonl(run_dir / "outer" / "episodes.jsonl"),
-                 key=lambda e: e.get("finished_at", 0.0))
-    plans = [v for e in eps if (v := _plan_values(e)) is not None]
+    choices of those that did, first third of the episodes (`episode_plans`) → last (the
+    composer's config decisions are conditioned on the model)."""
+    plans = [v for v, _ in rows]
     k = len(plans) // 3
     out = {}
     for model in sorted({str(v.get("base_model")) for v in plans}):
@@ -244,7 +248,8 @@ def main() -> None:
         heldout = read_jsonl(run_dir / "heldout.jsonl")
         f = compute_findings(steps, heldout)
         runs[seed] = (steps, heldout, f)
-        shifts = decision_shifts(run_dir)
+        plans = episode_plans(run_dir)
+        shifts = decision_shifts(plans)
         elapsed = steps[-1].get("elapsed_s") if steps else None
         print(f"\n== seed {seed} ({run_dir}): {f.steps} steps, run time {elapsed} s")
         for key in FINDINGS:
@@ -258,7 +263,7 @@ def main() -> None:
                 print(f"    {s['decision']:<18} TV {s['tv_change']:.2f}, now mostly "
                       f"{s['now_mostly']} ({s['share']:.0%}); worth {s['reward_worth']:+.3f} "
                       "reward")
-        by_model = config_by_model(run_dir)
+        by_model = config_by_model(plans)
         for model, row in by_model.items():
             print(f"  {model}: episodes {row['first']['episodes']} -> {row['last']['episodes']}, "
                   f"tuned {row['first']['tune']} -> {row['last']['tune']}, learning rates of "

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nestor.agent.reward import PRESETS
+from nestor.agent.reward import RewardConfig, compute_reward
 from nestor.inner.run import WarmState, run_job
 from nestor.inner.types import JobRequest
 from nestor.policy.composer import Composer, ComposerConfig
@@ -67,7 +67,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
 
-    post_share = PRESETS["seed"]["post_share"]
+    seed_preset = RewardConfig(preset="seed")
+    post_share = seed_preset.weights()["post_share"]
     registry = TaskRegistry()
     comp = Composer(ComposerConfig(base_models=args.models, token_budget=args.token_budget))
     warm = WarmState(threads=args.threads)
@@ -92,14 +93,15 @@ def main() -> None:
                     scored = [r for r in runs if r.post_score is not None]
                     if not scored:
                         continue
-                    post = statistics.fmean(r.post_score for r in scored)
-                    uplift = statistics.fmean(r.improvement for r in scored)
+                    # the reward module's own terms (post, uplift, quality) for each job
+                    terms = [compute_reward(r, passed_on=1, max_attempts=1, timeout_s=300,
+                                            config=seed_preset)[1] for r in scored]
                     rows.append({"task": task, "model": model, "recipe": recipe,
                                  "n": len(scored), "pre": scored[0].pre_score,
-                                 "post": round(post, 3), "uplift": round(uplift, 3),
-                                 "uplifts": [round(r.improvement, 3) for r in scored],
-                                 "quality": round(post_share * post + (1 - post_share) * uplift,
-                                                  3)})
+                                 **{name: round(statistics.fmean(t[key] for t in terms), 3)
+                                    for name, key in (("post", "post"), ("uplift", "improvement"),
+                                                      ("quality", "quality"))},
+                                 "uplifts": [round(t["improvement"], 3) for t in terms]})
     print(f"\n{'task':<8}{'model':<8}{'recipe':<8}{'pre':>6}{'post':>7}{'uplift':>8}"
           f"{'quality':>9}  (seed preset: {post_share} post + {1 - post_share} uplift)")
     for r in rows:
