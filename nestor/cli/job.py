@@ -96,6 +96,8 @@ def validate(
 def export(
     job_dir: Path = JobDirArg,
     prime_rl: Path = typer.Option(..., "--prime-rl", help="Where to write the prime-rl rl.toml."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs of the machine that runs it: 1 = "
+                             "trainer and vLLM share one; more = vLLM on one, the trainer the rest."),
 ) -> None:
     """Render the job as a prime-rl rl.toml (`rl @ OUT.toml`)."""
     from nestor.job.config import JobConfigError
@@ -106,7 +108,7 @@ def export(
     if problems:
         fail(f"{job_dir} is not a valid job, nothing written: {'; '.join(problems)}")
     try:
-        text = to_prime_rl_toml(job_dir)
+        text = to_prime_rl_toml(job_dir, gpus=gpus)
     except (LayoutError, JobConfigError) as exc:
         fail(f"{job_dir}: {exc}")
     try:

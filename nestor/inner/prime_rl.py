@@ -31,6 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from nestor.inner.types import JobRequest, JobResult
+from nestor.job.export import INFER_MEMORY_FRACTION, launch_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # prime-rl's orchestrator and trainer both log "Step N | 1.23s | Reward 0.41 | ..." style lines.
@@ -53,6 +54,12 @@ class PrimeRLConfig(BaseModel):
                                      "line (model load, vLLM start-up).")
     stall_timeout_s: float = Field(300, gt=0, description="Longest wait between step advances; "
                                    "past it the job ends with status timeout.")
+    gpus: int = Field(0, ge=0, description="GPUs prime-rl may use on this worker; 0 = those "
+                      "visible to it (CUDA_VISIBLE_DEVICES, else all). On one, trainer and vLLM "
+                      "share it; on more, vLLM takes one and the trainer the rest.")
+    inference_memory_fraction: float = Field(
+        INFER_MEMORY_FRACTION, gt=0, lt=1, description="Share of a GPU shared by trainer and "
+        "vLLM that vLLM reserves (inference.vllm.gpu_memory_utilization).")
     eval_n: int = Field(200, ge=1, description="Hidden-eval items for the pre/post scores.")
     tail_lines: int = Field(40, ge=1, le=1000)
 
@@ -84,11 +91,13 @@ class StepLog:
         return [r for _, r in sorted(self.by_step.items())]
 
 
-def render_config(job_dir: Path, output_dir: Path, model_path: str | None = None) -> dict:
-    """The job's rl.toml as a dict, pointed at `output_dir` with weights written to disk."""
+def render_config(job_dir: Path, output_dir: Path, model_path: str | None = None, *,
+                  gpus: int = 1, inference_memory: float = INFER_MEMORY_FRACTION) -> dict:
+    """The job's rl.toml as a dict for a worker with `gpus` GPUs, pointed at `output_dir`
+    with weights written to disk."""
     from nestor.job.export import to_prime_rl
 
-    rl = to_prime_rl(job_dir)
+    rl = to_prime_rl(job_dir, gpus=gpus, inference_memory=inference_memory)
     rl["output_dir"] = str(output_dir)
     rl["run"] = {**rl.get("run", {}), "name": "nestor"}
     rl["clean"] = True
@@ -98,6 +107,20 @@ def render_config(job_dir: Path, output_dir: Path, model_path: str | None = None
     if model_path:  # weights already on the worker: no download at start-up
         rl.setdefault("model", {})["name"] = model_path
     return rl
+
+
+def visible_gpus(env: dict[str, str]) -> int:
+    """GPUs this worker may use: those in CUDA_VISIBLE_DEVICES (Ray sets it for a GPU actor),
+    else all torch sees; at least 1 (prime-rl itself refuses to start without one)."""
+    ids = env.get("CUDA_VISIBLE_DEVICES")
+    if ids is not None:
+        return max(1, len([i for i in ids.split(",") if i.strip()]))
+    try:
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    except Exception:
+        return 1
 
 
 def latest_weights(output_dir: Path) -> Path | None:
@@ -240,8 +263,12 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
         base_dir = resolve_model_dir(job.base_model)
     except ModelNotFoundError:
         base_dir = None  # prime-rl fetches it by HF id; post-scoring then needs it too
+    # The job's code runs under prime-rl: it gets no API keys of this process.
+    env = {**{k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}, **config.env}
+    gpus = config.gpus or visible_gpus(env)
     try:
-        rl = render_config(job_dir, work / "outputs", str(base_dir) if base_dir else None)
+        rl = render_config(job_dir, work / "outputs", str(base_dir) if base_dir else None,
+                           gpus=gpus, inference_memory=config.inference_memory_fraction)
     except Exception as exc:  # the export reads agent-written files: any problem is the job's
         return result("invalid", log_tail=f"export to rl.toml failed: {exc}",
                       base_model=job.base_model)
@@ -249,8 +276,7 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
 
     rl_toml = work / "rl.toml"
     rl_toml.write_text(tomli_w.dumps(rl), encoding="utf-8")
-    # The job's code runs under prime-rl: it gets no API keys of this process.
-    env = {**{k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}, **config.env}
+    env.update(launch_env(gpus, env.get("CUDA_VISIBLE_DEVICES")))
 
     argv = [a.replace("{env_dir}", str(job_dir / "env")) for a in config.install_command]
     if err := _run_install(argv, work, env, config.install_timeout_s, work / "install.log"):

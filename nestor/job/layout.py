@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pkgutil
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -113,6 +114,13 @@ def read_layout(job_dir: Path | str) -> JobLayout:
     if not package.isidentifier():
         raise LayoutError(f"env/{package}: not an importable name; use letters, digits and "
                           "underscores (e.g. env/my_job)")
+    if package != package.lower():  # verifiers lower-cases a taskset id before importing it
+        raise LayoutError(f"env/{package}: use a lower-case name (e.g. env/{package.lower()}"
+                          "_job): verifiers imports a taskset by its lower-cased id")
+    if package in builtin_tasksets():
+        raise LayoutError(f"env/{package} is the name of a taskset built into verifiers: "
+                          f"prime-rl would train that one instead; rename it "
+                          f"(e.g. env/{package}_job)")
     if package in sys.stdlib_module_names or package in ("verifiers", "nestor") or \
             _installed(package, root):
         raise LayoutError(f"env/{package} would shadow the installed module {package!r}; "
@@ -122,6 +130,24 @@ def read_layout(job_dir: Path | str) -> JobLayout:
     if size > MAX_DATA_BYTES:
         raise LayoutError(f"{DATA} is {size:,} bytes; keep it under {MAX_DATA_BYTES:,}")
     return JobLayout(root=root, package=package)
+
+
+# verifiers resolves a taskset id to `verifiers.v1.tasksets.<id>` before a package of that name,
+# so a job package named like a built-in silently trains the built-in. These ship with the
+# verifiers prime-rl pins (PrimeIntellect-ai/verifiers a60a606, prime-rl 559b447); the installed
+# verifiers' own are added at run time.
+VERIFIERS_BUILTIN_TASKSETS = frozenset({"harbor", "lean", "nemo_gym", "openenv", "textarena"})
+
+
+def builtin_tasksets() -> frozenset[str]:
+    """Taskset ids that verifiers (the pinned one, and the one installed here) resolves to its
+    own `verifiers.v1.tasksets` subpackages."""
+    try:  # located, not imported: importing verifiers takes seconds
+        spec = importlib.util.find_spec("verifiers")
+        roots = [str(Path(p) / "v1" / "tasksets") for p in spec.submodule_search_locations or []]
+    except (ImportError, ValueError, AttributeError):  # no verifiers here: the pinned list holds
+        return VERIFIERS_BUILTIN_TASKSETS
+    return VERIFIERS_BUILTIN_TASKSETS | {m.name for m in pkgutil.iter_modules(roots)}
 
 
 def _installed(name: str, root: Path) -> bool:
