@@ -99,6 +99,18 @@ def policy_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, n_tok
 
 # ----------------------------------------------------------------------------- forward pass
 
+def accumulate_grads(params: list[Tensor], masters: list[Tensor]) -> None:
+    """Move each low-precision param's gradient of one micro-batch into its float32 master's,
+    summed there in float32: summed in bf16, a micro-batch's gradient below 1/256 of the running
+    sum would round away. float32 params are their own masters and accumulate in place."""
+    for p, m in zip(params, masters, strict=True):
+        if m is p or p.grad is None:
+            continue
+        g = p.grad.float()
+        m.grad = g if m.grad is None else m.grad.add_(g)
+        p.grad = None
+
+
 def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                       rows: Tensor) -> Tensor:
     """Logits predicting each completion token, with the prompt prefix computed once per prompt.
@@ -318,6 +330,7 @@ class GRPOTrainer:
                                        cfg.clip_ratio, cfg.kl_coef,
                                        None if ref_logp is None else ref_logp[sl])
                 loss.backward()
+                accumulate_grads(self.params, self.master)
                 totals["loss"] += float(loss.detach())
                 for key, v in st.items():
                     totals[key] += v
@@ -337,10 +350,8 @@ class GRPOTrainer:
         return out
 
     def _optimizer_step(self) -> Tensor:
-        """Clip and step on the float32 masters, then copy them into the model's weights."""
-        for p, m in zip(self.params, self.master, strict=True):
-            if m is not p:
-                m.grad = None if p.grad is None else p.grad.float()
+        """Clip and step on the float32 masters (their grads summed by accumulate_grads), then
+        copy them into the model's weights."""
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.master, self.config.grad_clip if self.config.grad_clip > 0 else math.inf)
         self.opt.step()

@@ -9,6 +9,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from nestor.inner.grpo import (
     GRPOTrainer,
     RewardError,
+    accumulate_grads,
     completion_logits,
     group_advantages,
     policy_loss,
@@ -267,7 +268,8 @@ def test_bf16_full_finetune_keeps_float32_master_weights(tok):
         total = sum(p.numel() for p in params)
         return sum(int((p != b).sum()) for p, b in zip(params, before, strict=True)) / total
 
-    with_master = changed_share(trainer._optimizer_step, trainer.params)
+    with_master = changed_share(lambda: (accumulate_grads(trainer.params, trainer.master),
+                                         trainer._optimizer_step()), trainer.params)
     plain_model = tiny_model(tok).to(torch.bfloat16)
     plain_params = list(plain_model.parameters())
     plain = torch.optim.AdamW(plain_params, lr=1e-5, weight_decay=0.0, betas=(0.9, 0.99))
@@ -296,3 +298,22 @@ def test_micro_batch_knob_gives_the_full_batch_loss(tok):
     assert micro["loss"] == pytest.approx(full["loss"], abs=1e-6)
     assert g_full and all(torch.allclose(g_full[n], g_micro[n], atol=1e-6) for n in g_full)
     assert n_micro > n_full  # it really went through in more, smaller passes
+
+
+def test_bf16_micro_batch_gradients_accumulate_in_float32():
+    # Two micro-batches of a bf16 weight: a small gradient after a large one must survive the
+    # sum (in bf16, 1 + 2**-9 rounds back to 1: the second micro-batch would count for nothing).
+    p = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+    master = p.detach().float()
+    small = 2.0 ** -9
+    for g in (1.0, small):
+        p.grad = torch.full((3,), g, dtype=torch.bfloat16)
+        accumulate_grads([p], [master])
+        assert p.grad is None  # moved out, so the next backward starts from zero
+    assert torch.equal(master.grad, torch.full((3,), 1.0 + small))
+    assert float(torch.tensor(1.0, dtype=torch.bfloat16) + small) == 1.0  # what bf16 would keep
+    f32 = torch.nn.Parameter(torch.zeros(2))  # a float32 param is its own master: untouched
+    f32.grad = torch.ones(2)
+    accumulate_grads([f32], [f32])
+    assert torch.equal(f32.grad, torch.ones(2))
+
