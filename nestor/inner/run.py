@@ -186,6 +186,7 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         from nestor.inner.canary import CanaryReward
         from nestor.inner.grpo import GRPOTrainer
         from nestor.job.memory import check as memory_check
+        from nestor.job.memory import worker_target
         from nestor.job.tasksource import JobTaskSource
 
         if time.monotonic() > deadline:
@@ -194,8 +195,11 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         with JobTaskSource(job_dir, warm=True) as source:
             prompts = source.prompts()
             log(f"reward server up: {len(prompts)} tasks")
-            if (err := memory_check(config, prompts, tokenizer, request.memory_cap_mb)):
-                return done("invalid", log_tail=f"memory: {err}")
+            # sized here, by this worker's device, dtype and memory (job/memory.py)
+            target = worker_target(weight.device, weight.dtype, request.memory_cap_mb)
+            if (err := memory_check(config, prompts, tokenizer, target.cap_mb,
+                                    target.dtype_bytes)):
+                return done("invalid", log_tail=f"memory ({target.describe()}): {err}")
             lap("reward_server_s")
             # The rubric is re-probed and watched with canary replies (inner/canary.py).
             reward = CanaryReward(source, task.spec(request.difficulty), request.canary,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from nestor.job.config import JobConfig
 
@@ -104,38 +105,57 @@ class MemoryEstimate:
 def estimate(config: JobConfig, shape: ModelShape, prompt_tokens: int,
              dtype_bytes: int = 4) -> MemoryEstimate:
     """Peak bytes of one GRPO step of `config` on a model of `shape`, prompts of at most
-    `prompt_tokens` tokens (chat template included: the sampler pads every row to the longest)."""
+    `prompt_tokens` tokens (chat template included: the sampler pads every row to the longest),
+    weights and activations in `dtype_bytes` (4 float32 on a CPU, 2 bf16 on a GPU)."""
     f = dtype_bytes
     P, G, T = config.prompts_per_step, config.group_size, config.max_new_tokens
-    B, Lp = P * G, prompt_tokens
-    s = shape
-    kv_per_token = s.layers * 2 * s.kv_heads * s.head_dim * f  # K and V, every layer
-    act_per_token = s.layers * (ACT_PER_HIDDEN * s.hidden + ACT_PER_FFN * s.intermediate) * f
+    Lp, s = prompt_tokens, shape
+    sampling = _sampling_bytes(P, G, T, Lp, s, f)
+    # The update runs micro_batch_prompts prompt groups at a time (gradients accumulated), so
+    # only one micro-batch's activations are alive at once.
+    Pm = min(config.micro_batch_prompts or P, P)
+    update = _update_bytes(config, Pm, G, T, Lp, s, f)
     trainable = s.lora_params(config.lora_rank) if config.lora_rank else s.params
+    # Low-precision weights train through float32 masters (inner/grpo.py): the masters, their
+    # float32 gradients and AdamW's two float32 moments; LoRA's adapter weights are float32.
+    masters = trainable * 4 if f != 4 and not config.lora_rank else 0
+    return MemoryEstimate({
+        "runtime": RUNTIME_BYTES,
+        "weights": 2 * s.params * f + (trainable * 4 if config.lora_rank else 0) + masters,
+        "optimizer": 3 * trainable * 4,
+        "sampling": sampling,
+        "update": update,
+    })
 
+
+def _sampling_bytes(P: int, G: int, T: int, Lp: int, s: ModelShape, f: int) -> int:
+    B = P * G
+    kv_per_token = s.layers * 2 * s.kv_heads * s.head_dim * f  # K and V, every layer
     # Sampling (no grad): prefill P prompts (one layer's activations and scores live at a
     # time), then every row's cache; the last cache growth copies one layer.
     prefill = P * Lp * (4 * s.hidden + 2 * s.intermediate) * f + P * s.heads * Lp * Lp * f
     cache = B * (Lp + T) * kv_per_token
-    sampling = cache + cache // s.layers + max(prefill, B * s.vocab * 3 * f)
+    return cache + cache // s.layers + max(prefill, B * s.vocab * 3 * 4)  # float32 logits
 
+
+def _update_bytes(config: JobConfig, P: int, G: int, T: int, Lp: int, s: ModelShape,
+                  f: int) -> int:
+    """One micro-batch of P prompt groups through the forward kept for the backward."""
+    B = P * G
+    kv_per_token = s.layers * 2 * s.kv_heads * s.head_dim * f
+    act_per_token = s.layers * (ACT_PER_HIDDEN * s.hidden + ACT_PER_FFN * s.intermediate) * f
     # The update (grad): everything the backward needs stays until it runs.
     prompt_fwd = P * Lp * act_per_token + P * s.heads * Lp * Lp * s.layers * f
     # With max_new_tokens = 1 the prompt's last logits are all there is; otherwise the prompt
     # cache is gathered to the B rows and the other T-1 completion positions run on top.
     gathered = B * Lp * kv_per_token * 2 if T > 1 else 0  # gather + cat onto it, every layer
     completion = B * (T - 1) * act_per_token + B * s.heads * (T - 1) * (Lp + T) * s.layers * f
-    logits = B * T * s.vocab * f * 4  # logits, /temperature, log_softmax, its grad
+    # logits, /temperature, log_softmax (float32), its grad
+    logits = B * T * s.vocab * (f + 3 * 4)
     update = prompt_fwd + gathered + completion + logits
     if config.kl_coef > 0:  # the reference forward (no grad) runs before, its output is small
-        update += B * T * s.vocab * f * 2
-    return MemoryEstimate({
-        "runtime": RUNTIME_BYTES,
-        "weights": 2 * s.params * f + (trainable * f if config.lora_rank else 0),
-        "optimizer": 3 * trainable * f,
-        "sampling": sampling,
-        "update": update,
-    })
+        update += B * T * s.vocab * 4 * 2
+    return update
 
 
 def longest_prompt(prompts: list[str], tokenizer) -> tuple[int, int]:
@@ -156,27 +176,66 @@ def longest_prompt(prompts: list[str], tokenizer) -> tuple[int, int]:
 
 
 def check(config: JobConfig, prompts: list[str], tokenizer,
-          cap_mb: int = DEFAULT_MEMORY_CAP_MB) -> str | None:
+          cap_mb: int = DEFAULT_MEMORY_CAP_MB, dtype_bytes: int = 4) -> str | None:
     """memory_error for a job's prompts, or None (also when the model's shape is unknown)."""
     shape = model_shape(config.base_model)
     if shape is None or not prompts:
         return None
-    return memory_error(config, shape, longest_prompt(prompts, tokenizer)[0], cap_mb)[1]
+    return memory_error(config, shape, longest_prompt(prompts, tokenizer)[0], cap_mb,
+                        dtype_bytes)[1]
 
 
-def _fits(config: JobConfig, shape: ModelShape, prompt_tokens: int, cap: int, **change) -> bool:
-    return estimate(config.model_copy(update=change), shape, prompt_tokens).peak <= cap
+@dataclass(frozen=True)
+class Target:
+    """Where a job trains: the memory it may use and the bytes of its weights' dtype."""
+
+    cap_mb: int
+    dtype_bytes: int = 4
+    device: str = "cpu"
+
+    def describe(self) -> str:
+        return f"{self.device}, {self.dtype_bytes * 8}-bit weights, cap {self.cap_mb:,} MiB"
+
+
+def worker_target(device, dtype, cpu_cap_mb: int = DEFAULT_MEMORY_CAP_MB) -> Target:
+    """The worker's own target: on a GPU its memory (the job's `memory_cap_mb` is a CPU cap),
+    on a CPU that cap; in the dtype its base model is loaded in (torch.dtype)."""
+    import torch
+
+    device = torch.device(device)
+    dtype_bytes = torch.empty((), dtype=dtype).element_size()
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return Target(total // MIB, dtype_bytes, str(device))
+    return Target(cpu_cap_mb, dtype_bytes, str(device))
+
+
+def driver_can_size(model_dir) -> bool:
+    """Whether the driver's CPU estimate holds for a model: not for one whose checkpoint is in a
+    low-precision dtype (Qwen3's bf16), which trains on a GPU worker in that dtype, against that
+    GPU's memory; the worker sizes such a job itself (inner/run.py)."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32") == "float32"
+
+
+def _fits(config: JobConfig, shape: ModelShape, prompt_tokens: int, cap: int,
+          dtype_bytes: int = 4, **change) -> bool:
+    return estimate(config.model_copy(update=change), shape, prompt_tokens,
+                    dtype_bytes).peak <= cap
 
 
 def _largest(config: JobConfig, shape: ModelShape, prompt_tokens: int, cap: int, knob: str,
-             lo: int) -> int | None:
+             lo: int, dtype_bytes: int = 4) -> int | None:
     """The largest value of `knob` (≤ its current one) that fits, or None if even `lo` does not."""
     hi = getattr(config, knob)
-    if not _fits(config, shape, prompt_tokens, cap, **{knob: lo}):
+    if not _fits(config, shape, prompt_tokens, cap, dtype_bytes, **{knob: lo}):
         return None
     while lo < hi:  # the estimate grows with each knob
         mid = (lo + hi + 1) // 2
-        if _fits(config, shape, prompt_tokens, cap, **{knob: mid}):
+        if _fits(config, shape, prompt_tokens, cap, dtype_bytes, **{knob: mid}):
             lo = mid
         else:
             hi = mid - 1
@@ -184,13 +243,13 @@ def _largest(config: JobConfig, shape: ModelShape, prompt_tokens: int, cap: int,
 
 
 def _longest_prompt(config: JobConfig, shape: ModelShape, prompt_tokens: int,
-                    cap: int) -> int | None:
+                    cap: int, dtype_bytes: int = 4) -> int | None:
     lo, hi = 1, prompt_tokens
-    if estimate(config, shape, lo).peak > cap:
+    if estimate(config, shape, lo, dtype_bytes).peak > cap:
         return None
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if estimate(config, shape, mid).peak <= cap:
+        if estimate(config, shape, mid, dtype_bytes).peak <= cap:
             lo = mid
         else:
             hi = mid - 1
@@ -198,10 +257,11 @@ def _longest_prompt(config: JobConfig, shape: ModelShape, prompt_tokens: int,
 
 
 def memory_error(config: JobConfig, shape: ModelShape, prompt_tokens: int,
-                 cap_mb: int = DEFAULT_MEMORY_CAP_MB) -> tuple[MemoryEstimate, str | None]:
+                 cap_mb: int = DEFAULT_MEMORY_CAP_MB,
+                 dtype_bytes: int = 4) -> tuple[MemoryEstimate, str | None]:
     """The estimate, and None if it fits under `cap_mb`, else one line naming the knobs to
     lower and to what."""
-    est = estimate(config, shape, prompt_tokens)
+    est = estimate(config, shape, prompt_tokens, dtype_bytes)
     cap = cap_mb * MIB
     if est.peak <= cap:
         return est, None
@@ -212,14 +272,20 @@ def memory_error(config: JobConfig, shape: ModelShape, prompt_tokens: int,
            "weights": f"the weights of {config.base_model}",
            "optimizer": "the gradients and AdamW state of a full fine-tune"}[what]
     fixes = []
+    if (config.micro_batch_prompts or P) > 1 and what == "update" and _fits(
+            config, shape, prompt_tokens, cap, dtype_bytes, micro_batch_prompts=1):
+        best = _largest(config.model_copy(update={"micro_batch_prompts": P}), shape,
+                        prompt_tokens, cap, "micro_batch_prompts", 1, dtype_bytes)
+        fixes.append(f"micro_batch_prompts to {best} (same result, less memory)")
     for knob, lo in (("prompts_per_step", 1), ("group_size", 2), ("max_new_tokens", 1)):
-        best = _largest(config, shape, prompt_tokens, cap, knob, lo)
+        best = _largest(config, shape, prompt_tokens, cap, knob, lo, dtype_bytes)
         if best is not None and best < getattr(config, knob):
             fixes.append(f"{knob} to {best}")
-    longest = _longest_prompt(config, shape, prompt_tokens, cap)
+    longest = _longest_prompt(config, shape, prompt_tokens, cap, dtype_bytes)
     if longest is not None and longest < prompt_tokens:
         fixes.append(f"the longest prompt to {longest:,} tokens")
-    if config.lora_rank == 0 and _fits(config, shape, prompt_tokens, cap, lora_rank=8):
+    if config.lora_rank == 0 and _fits(config, shape, prompt_tokens, cap, dtype_bytes,
+                                       lora_rank=8):
         fixes.append("lora_rank to 8 (LoRA instead of a full fine-tune)")
     advice = ("lower " + " or ".join(fixes)) if fixes else \
         f"this model does not fit under {cap_mb:,} MiB at any batch; use a smaller base_model"

@@ -29,7 +29,14 @@ from pydantic import BaseModel, Field
 from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig, JobConfigError, load_job_config
 from nestor.job.dryrun import rollouts, tokenizer_for
 from nestor.job.layout import CONFIG, DATA, MAX_DATA_BYTES, JobLayout, LayoutError, read_layout
-from nestor.job.memory import DEFAULT_MEMORY_CAP_MB, MIB, longest_prompt, memory_error, model_shape
+from nestor.job.memory import (
+    DEFAULT_MEMORY_CAP_MB,
+    MIB,
+    driver_can_size,
+    longest_prompt,
+    memory_error,
+    model_shape,
+)
 from nestor.job.rubric_probe import RubricProbe, probe_replies
 from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
 from nestor.job.tasksource import TRAIN_LIMITS, JobTaskSource, TaskSourceError, Timeouts
@@ -303,7 +310,13 @@ def _check_memory(tasks: list[dict], config: JobConfig, tokenizer, cap_mb: int,
     """The trainer's estimated peak memory (job/memory.py) within the cap."""
     shape = model_shape(config.base_model)
     if shape is None:
-        return report.add("memory", True, f"skipped: no config of {config.base_model} here")
+        return report.add("memory", True, f"sized on the worker: no config of "
+                          f"{config.base_model} here")
+    from nestor.models.registry import resolve_model_dir
+
+    if not driver_can_size(resolve_model_dir(config.base_model)):
+        return report.add("memory", True, f"sized on the worker: {config.base_model} trains in "
+                          "its checkpoint's dtype on a GPU, against that GPU's memory")
     tokens, _ = longest_prompt([t["prompt"] for t in tasks], tokenizer)
     est, error = memory_error(config, shape, tokens, cap_mb)
     if error is not None:
