@@ -196,6 +196,13 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     return tok
 
 
+# A LoRA checkpoint whose weights are in a low precision keeps them unmerged (merging into
+# bf16 rounds part of the update away): the top-level weights are the base's, the adapter is
+# under ADAPTER_DIR, and this marker tells load_model to apply it (nestor/inner/checkpoint.py).
+ADAPTER_DIR = "adapter"
+UNMERGED = "UNMERGED_ADAPTER"
+
+
 def load_model(name_or_path: str | os.PathLike, device: str = "cpu", dtype=None):
     """(model in eval mode on `device`, tokenizer). `dtype` defaults to the checkpoint's."""
     with _LOAD_LOCK:  # from_pretrained (meta-device init, lazy imports) is not thread-safe
@@ -220,6 +227,10 @@ def _load_model(name_or_path, device, dtype):
         raise ModelNotFoundError(f"cannot load weights {files}: {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     model.to(device)
+    if (path / UNMERGED).is_file():  # base weights + a LoRA adapter, applied as trained
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, path / ADAPTER_DIR)
     model.eval()
     model.nestor_tokenizer = tokenizer  # lets the sampler decode without being handed one
     return model, tokenizer

@@ -3,6 +3,7 @@ server that dies, and one small real training job whose checkpoint loads back.""
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
@@ -192,6 +193,36 @@ def test_lora_checkpoint_saves_adapter_and_merged_weights(tmp_path):
     base, _ = load_model("tiny-s")
     with torch.no_grad():
         assert not torch.allclose(base(ids).logits, expected, atol=1e-4)
+
+
+def test_bf16_lora_checkpoint_loads_as_exactly_the_model_that_was_scored(tmp_path):
+    # Merged into bf16, part of a LoRA update rounds away (the issue: 0.665 scored, 0.660
+    # reloaded); unmerged, the reloaded model computes what the trained one did, bit for bit.
+    import torch
+
+    from nestor.inner.checkpoint import save_checkpoint
+    from nestor.inner.grpo import GRPOTrainer
+    from nestor.job.config import JobConfig
+    from nestor.models.registry import UNMERGED, load_model
+
+    model, tokenizer = load_model("tiny-s", dtype=torch.bfloat16)
+    trainer = GRPOTrainer(model, tokenizer, ["reverse abc", "reverse dog"],
+                          lambda t, c: [float(sum(map(ord, x)) % 2) for x in c],
+                          JobConfig(base_model="tiny-s", lora_rank=4, learning_rate=1e-2,
+                                    max_steps=2, skip_zero_variance=False,
+                                    prompts_per_step=2, group_size=4, max_new_tokens=4))
+    trainer.train()
+    ids = torch.tensor([tokenizer("reverse abc")["input_ids"]])
+    with torch.no_grad():
+        expected = trainer.model(ids).logits
+        merged_bf16 = copy.deepcopy(trainer.model).merge_and_unload()(ids).logits
+    assert not torch.equal(merged_bf16, expected)  # what the old checkpoint would have held
+    path = save_checkpoint(trainer.model, tokenizer, tmp_path / "ckpt")
+    assert (path / UNMERGED).is_file()
+    loaded, _ = load_model(path)
+    assert next(loaded.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, expected)
 
 
 def test_cli_job_train_refuses_a_bad_device_or_dtype_in_one_line(tmp_path):
