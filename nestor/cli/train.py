@@ -131,11 +131,14 @@ class LiveView:
 def _prescore(config, registry, view: LiveView) -> None:
     """Score each base model on each task's hidden eval before the run, with progress; the
     workers then read these from the shared cache instead of each computing them in silence.
-    Only for a local pool (remote workers have their own cache) and models present here."""
+    Only for a local pool (remote workers have their own cache), models present here, and in
+    the device and dtype of each worker type that runs the model (the cache is keyed by them:
+    a CPU float32 score is never read by a CUDA bf16 worker), where this machine has it."""
     from nestor.inner.evaluate import pre_score
     from nestor.models.registry import ModelNotFoundError, resolve_model_dir
 
-    if config.pool_config().backend != "local":
+    pool = config.pool_config()
+    if pool.backend != "local":
         return
     models = []
     for name in config.episode_config().models:
@@ -147,12 +150,29 @@ def _prescore(config, registry, view: LiveView) -> None:
     tasks = list(config.tasks) or [r.id for r in registry.tasks()]
     if config.heldout_episodes > 0:
         tasks += [r.id for r in registry.heldout_tasks()]
-    pairs = [(m, t) for m in models for t in tasks]
-    for k, (model, task) in enumerate(pairs):
+    pairs = [(m, t, kw) for m in models for kw in _score_targets(pool, m) for t in tasks]
+    for k, (model, task, kw) in enumerate(pairs):
         view({"phase": f"pre-scores {k + 1}/{len(pairs)}: {model} on {task} (cached after "
                        f"the first run)"})
-        pre_score(model, task, config.difficulty, registry=registry)
+        pre_score(model, task, config.difficulty, registry=registry, **kw)
     view({"phase": None})
+
+
+def _score_targets(pool, model: str) -> list[dict]:
+    """The distinct (device, dtype) keyword sets of the pool's worker types that run `model`
+    and that this machine can score on ({} = the CPU float32 default)."""
+    out: list[dict] = []
+    for wt in pool.types():
+        kw = dict(wt.warm_kwargs())
+        if not wt.runs(model) or kw in out:
+            continue
+        if kw.get("device", "cpu").startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                continue  # those workers score on their GPU themselves
+        out.append(kw)
+    return out
 
 
 def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None:

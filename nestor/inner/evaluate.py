@@ -124,14 +124,26 @@ def score_dtype(model_dir: Path, device: str, dtype: str | None = None) -> str:
     return dtype_name(config.get("dtype") or config.get("torch_dtype") or "float32")
 
 
+def score_key(device: str) -> list[str]:
+    """What changes a score besides the weights, task and dtype: the kind of device, on an
+    accelerator its model (kernels and their rounding differ between GPU types), and the
+    versions of the libraries that compute it. Part of the pre-score cache key."""
+    import tokenizers
+    import torch
+    import transformers
+
+    dev = torch.device(device)
+    kind = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+    return [kind, f"torch {torch.__version__}", f"transformers {transformers.__version__}",
+            f"tokenizers {tokenizers.__version__}"]
+
+
 def cache_path(model_name: str, model_dir: Path, task_id: str, difficulty: int, n: int,
                device: str = "cpu", dtype: str = "float32") -> Path:
-    import torch
-
     from nestor.config import load_settings
 
     key = json.dumps([model_name, weights_fingerprint(model_dir), task_id, EVAL_VERSION,
-                      difficulty, n, torch.device(device).type, dtype_name(dtype)])
+                      difficulty, n, *score_key(device), dtype_name(dtype)])
     name = hashlib.sha256(key.encode()).hexdigest()[:24]
     return Path(load_settings().cache_dir) / "prescores" / f"{name}.json"
 

@@ -81,3 +81,28 @@ def test_pre_scores_before_the_run_with_progress(tmp_path, monkeypatch):
     calls.clear()
     _prescore(ray, TaskRegistry(), phases.append)
     assert calls == []  # remote workers keep their own cache
+
+
+def test_pre_scores_in_each_local_worker_types_device_and_dtype(monkeypatch):
+    from pathlib import Path
+
+    import torch
+
+    import nestor.inner.evaluate as evaluate
+    from nestor.cli.train import _prescore
+    from nestor.outer.config import load_run_config
+    from nestor.tasks import TaskRegistry
+
+    calls = []
+    monkeypatch.setattr(evaluate, "pre_score", lambda m, t, d, registry=None, **kw:
+                        calls.append((m, t, kw)))
+    quick = load_run_config(Path("configs/quickstart.toml"))
+    types = [{"name": "cpu16", "dtype": "bfloat16"},
+             {"name": "gpu", "num_gpus": 1, "dtype": "bfloat16"}]
+    cfg = quick.model_copy(update={"pool": {"backend": "local", "worker_types": types}})
+    _prescore(cfg, TaskRegistry(), lambda s: None)
+    kws = [kw for _, _, kw in calls]
+    assert {"dtype": "bfloat16"} in kws  # the CPU bf16 type's own key, not float32's
+    assert {} not in kws  # no float32 CPU worker here: nothing scored that none would read
+    cuda = {"device": "cuda", "dtype": "bfloat16"}
+    assert (cuda in kws) == torch.cuda.is_available()  # a GPU type only where there is one

@@ -60,6 +60,22 @@ def test_evaluate_caches_pre_scores(tiny, cache_dir):
     assert ev.pre_score("tiny-s", "max", n=20) == first[0]
 
 
+def test_pre_score_cache_is_keyed_by_what_changes_a_score(cache_dir, monkeypatch):
+    import transformers
+
+    from nestor.models.registry import resolve_model_dir
+
+    def path(**kw):
+        return ev.cache_path("tiny-s", resolve_model_dir("tiny-s"), "max", 0, 20, **kw)
+
+    assert path() == path()
+    assert path(dtype="bfloat16") != path()
+    assert "cpu" in ev.score_key("cpu")
+    before = path()
+    monkeypatch.setattr(transformers, "__version__", "0.0.0-other")  # another library build
+    assert path() != before
+
+
 def test_bad_names_raise_clear_errors(cache_dir):
     with pytest.raises(TaskError, match="unknown task"):
         ev.evaluate("tiny-s", ["nope"], n=20)
