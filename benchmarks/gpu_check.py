@@ -12,6 +12,10 @@ What must hold on the device (the check exits 1 otherwise, naming what failed):
   and an on-policy IS-GRPO step has ratio 1 (|mean - 1| < 1e-2) and moves the LoRA;
 - eval: the base model's greedy pre-score equals the CPU's within 0.02 (float32 both), and the
   post-score of the trained model is scored by the same scorer on the same device.
+- inner (benchmarks/gpu_check_inner.py): the worker sizes jobs by its GPU's memory and bf16,
+  and the estimate bounds a bf16 step's measured peak; bf16 micro-batch gradients accumulate in
+  float32 (micro_batch_prompts = 1 matches the whole batch within 5%); a bf16 LoRA checkpoint
+  reloads as the scored model; the pre-score cache key names the GPU.
 The last line is one JSON object: per device, the figures and seconds of each part.
 """
 
@@ -22,8 +26,11 @@ import json
 import math
 import random
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+import gpu_check_inner  # noqa: E402 (beside this script)
 import torch
 
 from nestor.inner.evaluate import score_task
@@ -110,8 +117,10 @@ def run_device(device: str, args) -> dict:
     grpo, trained, tok = grpo_part(device, ref.task, args)
     lm = lm_part(device, args)
     ev = eval_part(device, ref.id, trained, tok, args)
-    return {"device": device, "grpo": grpo, "lm": lm, "eval": ev,
-            "total_s": round(time.perf_counter() - t0, 1)}
+    with tempfile.TemporaryDirectory() as tmp:  # memory, bf16 accumulation, LoRA ckpt, cache key
+        inner, inner_problems = gpu_check_inner.run(device, ref.task, args.model, Path(tmp))
+    return {"device": device, "grpo": grpo, "lm": lm, "eval": ev, "inner": inner,
+            "inner_problems": inner_problems, "total_s": round(time.perf_counter() - t0, 1)}
 
 
 def problems(res: dict, cpu: dict | None) -> list[str]:
@@ -126,6 +135,7 @@ def problems(res: dict, cpu: dict | None) -> list[str]:
     if cpu is not None and abs(ev["pre"] - cpu["eval"]["pre"]) > 0.02:
         out.append(f"eval: pre-score {ev['pre']} on {res['device']} vs {cpu['eval']['pre']} "
                    "on cpu")
+    out += res["inner_problems"]
     return [f"{res['device']}: {p}" for p in out]
 
 

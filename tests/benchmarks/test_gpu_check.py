@@ -22,6 +22,11 @@ def test_gpu_check_runs_its_cpu_half_and_says_why_cuda_was_skipped():
     assert cpu["grpo"]["steps"] == 2 and cpu["grpo"]["kl_sampler_max"] < 1e-3
     assert abs(cpu["lm"]["ratio_mean"] - 1) < 1e-2 and cpu["lm"]["lora_moved"]
     assert cpu["eval"]["n"] == 24 and 0 <= cpu["eval"]["pre"] <= 1
+    inner = cpu["inner"]  # the inner trainer's GPU items, their CPU half
+    assert inner["memory"]["dtype_bytes"] == 2 and inner["memory"]["cap_mb"] == 2048
+    assert inner["accumulate"]["max_rel_diff"] <= 0.05
+    assert inner["lora_checkpoint"]["reloaded_diff"] < inner["lora_checkpoint"]["bf16_merge_diff"]
+    assert inner["prescore_key"]["key"][0] == "cpu"
     assert summary["problems"] == []
     if not torch.cuda.is_available():
         assert summary["devices"] == ["cpu"]
