@@ -139,9 +139,25 @@ def latest_weights(output_dir: Path) -> Path | None:
 
 
 def materialise_checkpoint(weights: Path, base_dir: Path, out: Path) -> Path:
-    """A self-contained HF model dir at `out`: merged full weights plus the base tokenizer."""
+    """A self-contained HF model dir at `out`: full weights plus the base tokenizer. A LoRA
+    adapter on a float32 base is merged; on a bf16/fp16 base (Qwen3) it stays unmerged beside
+    the base weights (merging into bf16 rounds part of the update away), and load_model applies
+    it (nestor/models/registry.UNMERGED), so the model scored is the one prime-rl trained."""
+    from nestor.models.registry import ADAPTER_DIR, UNMERGED, checkpoint_dtype
+
     out.mkdir(parents=True, exist_ok=True)
-    if (weights / "adapter_config.json").is_file():
+    (out / UNMERGED).unlink(missing_ok=True)
+    adapter = (weights / "adapter_config.json").is_file()
+    if adapter and checkpoint_dtype(base_dir) in ("bfloat16", "float16"):
+        for f in base_dir.iterdir():
+            if f.is_file() and (f.suffix == ".safetensors" or f.name.endswith(".json")):
+                _link_or_copy(f, out / f.name)
+        (out / ADAPTER_DIR).mkdir(exist_ok=True)
+        for f in weights.iterdir():
+            if f.is_file() and f.name != "STABLE":
+                _link_or_copy(f, out / ADAPTER_DIR / f.name)
+        (out / UNMERGED).write_text(f"apply {ADAPTER_DIR}/ to these base weights\n")
+    elif adapter:
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 

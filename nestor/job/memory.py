@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from nestor.job.config import JobConfig
 
@@ -214,11 +213,9 @@ def driver_can_size(model_dir) -> bool:
     """Whether the driver's CPU estimate holds for a model: not for one whose checkpoint is in a
     low-precision dtype (Qwen3's bf16), which trains on a GPU worker in that dtype, against that
     GPU's memory; the worker sizes such a job itself (inner/run.py)."""
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32") == "float32"
+    from nestor.models.registry import checkpoint_dtype
+
+    return checkpoint_dtype(model_dir) == "float32"
 
 
 def _fits(config: JobConfig, shape: ModelShape, prompt_tokens: int, cap: int,

@@ -203,6 +203,15 @@ ADAPTER_DIR = "adapter"
 UNMERGED = "UNMERGED_ADAPTER"
 
 
+def checkpoint_dtype(model_dir: str | os.PathLike) -> str | None:
+    """The dtype a checkpoint's config.json names ('bfloat16' for Qwen3), None if unreadable."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+
+
 def load_model(name_or_path: str | os.PathLike, device: str = "cpu", dtype=None):
     """(model in eval mode on `device`, tokenizer). `dtype` defaults to the checkpoint's."""
     with _LOAD_LOCK:  # from_pretrained (meta-device init, lazy imports) is not thread-safe

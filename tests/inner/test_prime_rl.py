@@ -158,6 +158,36 @@ def test_full_weights_become_a_self_contained_checkpoint(tmp_path):
     assert latest_weights(tmp_path / "nothing") is None
 
 
+def test_a_lora_adapter_on_a_bf16_base_stays_unmerged_and_loads_as_trained(tmp_path):
+    # prime-rl trains Qwen3 (bf16) with LoRA: a bf16 merge would round part of the update away,
+    # so the checkpoint keeps base + adapter and load_model applies it.
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from nestor.models.registry import UNMERGED, load_model
+
+    model, tok = load_model("tiny-s", dtype=torch.bfloat16)
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():  # a trained adapter: B no longer zero
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    step = tmp_path / "outputs" / "nestor" / "broadcasts" / "step_4"
+    peft_model.save_pretrained(step)
+    (step / "STABLE").touch()
+    ids = torch.tensor([tok("reverse abc")["input_ids"]])
+    with torch.no_grad():
+        trained = peft_model(ids).logits
+    ckpt = materialise_checkpoint(latest_weights(tmp_path / "outputs"), base, tmp_path / "ckpt")
+    assert (ckpt / UNMERGED).is_file() and (ckpt / "adapter" / "adapter_config.json").is_file()
+    loaded, _ = load_model(ckpt)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, trained)
+
+
 def test_no_progress_ends_with_timeout(job, tmp_path):
     t0 = time.monotonic()
     res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path, "stall",
