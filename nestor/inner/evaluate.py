@@ -133,7 +133,8 @@ def score_key(device: str) -> list[str]:
     import transformers
 
     dev = torch.device(device)
-    kind = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+    on_gpu = dev.type == "cuda" and torch.cuda.is_available()  # (a key may name a GPU not here)
+    kind = torch.cuda.get_device_name(dev) if on_gpu else dev.type
     return [kind, f"torch {torch.__version__}", f"transformers {transformers.__version__}",
             f"tokenizers {tokenizers.__version__}"]
 
