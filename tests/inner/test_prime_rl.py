@@ -264,3 +264,22 @@ def test_job_code_sees_no_api_keys(job, tmp_path, monkeypatch):
     res = run_prime_rl(request(job, tmp_path), cfg)
     assert res.status == "failed" and "exited with code 3" in res.log_tail
     assert f"key: None home: {tmp_path / 'prime-env'}" in res.log_tail
+
+
+@pytest.mark.parametrize("visible,gpus,launcher_sees,train_gpus,shared", [
+    ("5", 0, "5,5", 1, True),        # a Ray actor's one GPU: trainer and vLLM share it
+    ("2,3", 0, "2,3", 1, False),     # two: vLLM on the first, the trainer on the second
+    ("4,6,7", 0, "4,6,7", 2, False),  # three: the trainer gets two
+    ("2,3", 1, "2,2", 1, True),      # [prime_rl] gpus = 1 overrides what is visible
+])
+def test_the_launcher_gets_the_workers_gpus(job, tmp_path, monkeypatch, visible, gpus,
+                                            launcher_sees, train_gpus, shared):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    cfg = fake_config(tmp_path, gpus=gpus)
+    cfg.command = [sys.executable, "-c", "import os, sys; print('visible:', os.environ.get("
+                   "'CUDA_VISIBLE_DEVICES')); sys.exit(3)", "--"]
+    res = run_prime_rl(request(job, tmp_path), cfg)
+    assert f"visible: {launcher_sees}" in res.log_tail
+    rl = tomllib.loads((tmp_path / "out" / "rl.toml").read_text())
+    assert rl["deployment"]["num_train_gpus"] == train_gpus
+    assert ("gpu_memory_utilization" in rl["inference"]["vllm"]) == shared

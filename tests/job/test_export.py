@@ -154,3 +154,20 @@ def test_an_upper_case_package_is_refused(tmp_path):
     (job / "env" / "reverse_job").rename(job / "env" / "Reverse_job")
     with pytest.raises(LayoutError, match="lower-case"):
         read_layout(job)
+
+
+def test_cli_export_writes_for_the_gpus_asked(tmp_path):
+    from typer.testing import CliRunner
+
+    from nestor.cli import app
+
+    job, out = make_job(tmp_path), tmp_path / "rl.toml"
+    result = CliRunner().invoke(app, ["job", "export", str(job), "--prime-rl", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "CUDA_VISIBLE_DEVICES=0,0 rl @ rl.toml" in out.read_text()
+    result = CliRunner().invoke(app, ["job", "export", str(job), "--prime-rl", str(out),
+                                      "--gpus", "3"])
+    assert result.exit_code == 0, result.output
+    rl = tomllib.loads(out.read_text())
+    assert rl["deployment"] == {"type": "single_node", "num_train_gpus": 2, "num_infer_gpus": 1}
+    assert "gpu_memory_utilization" not in rl["inference"]["vllm"]
