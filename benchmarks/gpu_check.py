@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import sys
 import tempfile
 import time
@@ -40,7 +39,6 @@ from nestor.models.registry import load_model
 from nestor.policy.base import Message, Observation, TrainItem
 from nestor.policy.lm import LMPolicy
 from nestor.tasks import TaskRegistry
-from nestor.tasks.base import normalise
 
 TOOLS = [{"type": "function", "function": {
     "name": "write_file", "description": "write a file",
@@ -56,14 +54,7 @@ def sync(device: str) -> None:
 def grpo_part(device: str, task, args) -> tuple[dict, torch.nn.Module, object]:
     """GRPO on tiny-m for one task with an exact-match reward (the public reference)."""
     model, tok = load_model(args.model, device=device, dtype=torch.float32)
-    rng = random.Random(0)
-    inputs = [task.sample(rng, 0) for _ in range(256)]
-    prompts = [task.prompt(x) for x in inputs]
-    answers = [task.solve(x) for x in inputs]
-
-    def reward(indices: list[int], texts: list[str]) -> list[float]:
-        return [float(normalise(t) == answers[i]) for i, t in zip(indices, texts, strict=True)]
-
+    prompts, reward = gpu_check_inner.exact_match(task, 256)
     cfg = JobConfig(base_model=args.model, max_steps=args.steps, prompts_per_step=16,
                     group_size=8, max_new_tokens=task.new_tokens(0), learning_rate=3e-4, seed=0)
     trainer = GRPOTrainer(model, tok, prompts, reward, cfg)

@@ -30,15 +30,22 @@ from nestor.tasks.base import normalise
 MIB = 1 << 20
 
 
-def _job(task, model: str, steps: int, **kw):
+def exact_match(task, n: int):
+    """(prompts, reward) for `n` of the task's public inputs, rewarded by exact match with
+    the reference solution."""
     rng = random.Random(0)
-    inputs = [task.sample(rng, 0) for _ in range(64)]
+    inputs = [task.sample(rng, 0) for _ in range(n)]
     prompts = [task.prompt(x) for x in inputs]
     answers = [task.solve(x) for x in inputs]
 
     def reward(indices: list[int], texts: list[str]) -> list[float]:
         return [float(normalise(t) == answers[i]) for i, t in zip(indices, texts, strict=True)]
 
+    return prompts, reward
+
+
+def _job(task, model: str, steps: int, **kw):
+    prompts, reward = exact_match(task, 64)
     cfg = JobConfig(base_model=model, max_steps=steps, prompts_per_step=8, group_size=8,
                     max_new_tokens=task.new_tokens(0), learning_rate=1e-4, seed=0,
                     skip_zero_variance=False, **kw)

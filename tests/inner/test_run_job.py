@@ -167,16 +167,16 @@ def test_small_job_trains_and_checkpoint_loads(tmp_path, warm):
     assert (tmp_path / "out" / "metrics.jsonl").read_text().count("\n") == 3
 
 
-def test_lora_checkpoint_saves_adapter_and_merged_weights(tmp_path):
+def trained_lora(dtype):
+    """tiny-s with a LoRA trained two steps in `dtype`: (trainer, tokenizer, ids, its logits)."""
     import torch
 
-    from nestor.inner.checkpoint import ADAPTER_DIR, save_checkpoint
     from nestor.inner.grpo import GRPOTrainer
     from nestor.job.config import JobConfig
     from nestor.models.registry import load_model
 
-    model, tokenizer = load_model("tiny-s")
-    trainer = GRPOTrainer(model.float(), tokenizer, ["reverse abc", "reverse dog"],
+    model, tokenizer = load_model("tiny-s", dtype=dtype)
+    trainer = GRPOTrainer(model, tokenizer, ["reverse abc", "reverse dog"],
                           lambda t, c: [float(sum(map(ord, x)) % 2) for x in c],
                           JobConfig(base_model="tiny-s", lora_rank=4, learning_rate=1e-2,
                                     max_steps=2, skip_zero_variance=False,
@@ -184,9 +184,19 @@ def test_lora_checkpoint_saves_adapter_and_merged_weights(tmp_path):
     trainer.train()
     ids = torch.tensor([tokenizer("reverse abc")["input_ids"]])
     with torch.no_grad():
-        expected = trainer.model(ids).logits
+        return trainer, tokenizer, ids, trainer.model(ids).logits
+
+
+def test_lora_checkpoint_saves_adapter_and_merged_weights(tmp_path):
+    import torch
+
+    from nestor.inner.checkpoint import ADAPTER_DIR, save_checkpoint
+    from nestor.models.registry import UNMERGED, load_model
+
+    trainer, tokenizer, ids, expected = trained_lora(torch.float32)
     path = save_checkpoint(trainer.model, tokenizer, tmp_path / "ckpt")
     assert (path / ADAPTER_DIR / "adapter_model.safetensors").is_file()
+    assert not (path / UNMERGED).exists()  # float32: merged exactly, loads as a plain model
     merged, _ = load_model(path)
     with torch.no_grad():
         assert torch.allclose(merged.float()(ids).logits, expected, atol=1e-4)
@@ -201,20 +211,10 @@ def test_bf16_lora_checkpoint_loads_as_exactly_the_model_that_was_scored(tmp_pat
     import torch
 
     from nestor.inner.checkpoint import save_checkpoint
-    from nestor.inner.grpo import GRPOTrainer
-    from nestor.job.config import JobConfig
     from nestor.models.registry import UNMERGED, load_model
 
-    model, tokenizer = load_model("tiny-s", dtype=torch.bfloat16)
-    trainer = GRPOTrainer(model, tokenizer, ["reverse abc", "reverse dog"],
-                          lambda t, c: [float(sum(map(ord, x)) % 2) for x in c],
-                          JobConfig(base_model="tiny-s", lora_rank=4, learning_rate=1e-2,
-                                    max_steps=2, skip_zero_variance=False,
-                                    prompts_per_step=2, group_size=4, max_new_tokens=4))
-    trainer.train()
-    ids = torch.tensor([tokenizer("reverse abc")["input_ids"]])
+    trainer, tokenizer, ids, expected = trained_lora(torch.bfloat16)
     with torch.no_grad():
-        expected = trainer.model(ids).logits
         merged_bf16 = copy.deepcopy(trainer.model).merge_and_unload()(ids).logits
     assert not torch.equal(merged_bf16, expected)  # what the old checkpoint would have held
     path = save_checkpoint(trainer.model, tokenizer, tmp_path / "ckpt")
