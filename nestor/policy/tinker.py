@@ -124,6 +124,17 @@ def make_service(kind: str = "remote", *, api_key_env: str = "TINKER_API_KEY",
     return tinker.ServiceClient(api_key=key, base_url=base_url)
 
 
+def make_tinker_policy(model: str, *, local: bool = False, checkpoint: Path | None = None,
+                       api_key_env: str = "TINKER_API_KEY", **kwargs: Any) -> TinkerPolicy:
+    """A tinker policy for `episode run` and `bench agents`: the real service or the local
+    stand-in, optionally resumed from a run's checkpoint directory."""
+    policy = TinkerPolicy(model, service=make_service("local" if local else "remote",
+                                                      api_key_env=api_key_env), **kwargs)
+    if checkpoint is not None:
+        policy.load(checkpoint)
+    return policy
+
+
 class TinkerPolicy:
     name = "tinker"
     concurrent_act = True  # sampling requests go out in parallel (SerializedPolicy)
@@ -319,6 +330,8 @@ class TinkerPolicy:
     def load(self, path: Path, *, weights_only: bool = False) -> None:
         """Resume from a saved checkpoint (weights, optimizer and counters), or with
         `weights_only` start from its weights (e.g. a warm start) with a fresh optimizer."""
+        if not (path / "tinker.json").is_file() and (path / "policy" / "tinker.json").is_file():
+            path = path / "policy"  # a run's checkpoint directory (checkpoints/step-N)
         file = path / "tinker.json"
         if not file.is_file():
             raise TinkerPolicyError(f"{path}: no tinker.json; not a tinker policy checkpoint")
