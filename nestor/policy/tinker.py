@@ -116,9 +116,9 @@ def make_service(kind: str = "remote", *, api_key_env: str = "TINKER_API_KEY",
         return LocalService(local_root)
     key = os.environ.get(api_key_env)
     if not key:
-        raise TinkerPolicyError(f"set ${api_key_env} to use the tinker policy (or "
-                                "policy.kind = 'lm' to train a local model, or "
-                                "tinker_service = 'local' for the offline stand-in)")
+        raise TinkerPolicyError(f"set ${api_key_env} to use Tinker's API, or run the offline "
+                                "stand-in on a local model ([policy] tinker_service = 'local'; "
+                                "--policy tinker-local)")
     import tinker
 
     return tinker.ServiceClient(api_key=key, base_url=base_url)
