@@ -74,30 +74,43 @@ def turn_datum(turn: Turn, advantage: float, *, with_mask: bool = False) -> type
                        loss_fn_inputs=inputs)
 
 
+def sequence_datum(ids: Sequence[int], weights: Sequence[float]) -> types.Datum:
+    """A token sequence as a `cross_entropy` Datum (tinker-cookbook's supervised form): the
+    model reads ids[:-1] and is scored on ids[1:] with weights[1:] (1 on action tokens)."""
+    if len(ids) < 2 or len(weights) != len(ids):
+        raise ValueError(f"a demonstration needs ≥ 2 tokens and one weight per token "
+                         f"({len(ids)} tokens, {len(weights)} weights)")
+    return types.Datum(model_input=types.ModelInput.from_ints(list(ids[:-1])), loss_fn_inputs={
+        "target_tokens": torch.tensor(list(ids[1:]), dtype=torch.int64),
+        "weights": torch.tensor([float(w) for w in weights[1:]], dtype=torch.float32)})
+
+
 def sft_datum(context_ids: Sequence[int], action_ids: Sequence[int],
               action_mask: Sequence[float] | None = None) -> types.Datum:
-    """One demonstration as a `cross_entropy` Datum (tinker-cookbook's supervised form):
-    weight 1 on the action tokens (or `action_mask`), 0 on the context."""
+    """One demonstrated turn: weight 1 on the action tokens (or `action_mask`), 0 on the
+    context."""
     if not context_ids or not action_ids:
         raise ValueError("a demonstration needs context and action tokens")
     mask = [1.0] * len(action_ids) if action_mask is None else [float(m) for m in action_mask]
     if len(mask) != len(action_ids):
         raise ValueError(f"action_mask has {len(mask)} entries for {len(action_ids)} actions")
-    tokens = list(context_ids) + list(action_ids)
-    weights = [0.0] * (len(context_ids) - 1) + mask
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
-        "target_tokens": torch.tensor(tokens[1:], dtype=torch.int64),
-        "weights": torch.tensor(weights, dtype=torch.float32)})
+    return sequence_datum(list(context_ids) + list(action_ids), [0.0] * len(context_ids) + mask)
 
 
-def _as_example(example: Any) -> tuple[list[int], list[int], list[float] | None]:
-    """(context ids, action ids, action mask) from a Turn-like object, a dict or a tuple."""
-    if isinstance(example, dict):
-        return (example["context_ids"], example["action_ids"], example.get("action_mask"))
-    if hasattr(example, "context_ids"):
-        return example.context_ids, example.action_ids, getattr(example, "action_mask", None)
+def demo_datum(example: Any) -> types.Datum:
+    """A demonstration in any of the shapes nestor makes as a Datum: nestor.sft's
+    `SFTSequence` (.ids, .mask), lm_sequence's `PackedSequence` (.input_ids, .action_mask), a
+    Turn-like object (.context_ids, .action_ids), a dict with either pair of keys, or a tuple
+    (context ids, action ids[, action mask])."""
+    get = example.get if isinstance(example, dict) else \
+        (lambda key, default=None: getattr(example, key, default))
+    for ids_key, mask_key in (("ids", "mask"), ("input_ids", "action_mask")):
+        if get(ids_key) is not None and get(mask_key) is not None:
+            return sequence_datum(get(ids_key), [float(m) for m in get(mask_key)])
+    if get("context_ids") is not None:
+        return sft_datum(get("context_ids"), get("action_ids"), get("action_mask"))
     context, actions, *mask = example
-    return list(context), list(actions), (mask[0] if mask else None)
+    return sft_datum(context, actions, mask[0] if mask else None)
 
 
 def turn_seed(base: int, turn_index: int, version: int) -> int:
@@ -285,12 +298,13 @@ class TinkerPolicy:
                    ) -> list[dict[str, float]]:
         """Supervised steps on demonstrations through the service's `cross_entropy` loss.
 
-        An example is (context ids, action ids[, action mask]), a dict with those keys, or a
-        Turn-like object: the tokens the policy renders and samples at act time. Returns one
-        row per step (mean NLL per weighted token, tokens). Does not bump `version` (no RL
+        An example is any shape `demo_datum` reads (nestor sft's `SFTSequence` built with
+        this policy's `render`, or (context ids, action ids)): the tokens the policy renders
+        and samples at act time. Returns one row per step (mean NLL per weighted token,
+        tokens). Does not bump `version` (no RL
         update happened); the sampler serves the warm-started weights afterwards.
         """
-        datums = [sft_datum(*_as_example(e)) for e in examples]
+        datums = [demo_datum(e) for e in examples]
         if not datums:
             raise ValueError("warm_start needs at least one demonstration")
         rows = []

@@ -4,6 +4,7 @@ client surface)."""
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
 from nestor.policy.tinker import (
     TinkerPolicy,
     TinkerPolicyError,
+    demo_datum,
     sft_datum,
     turn_datum,
     turn_seed,
@@ -62,6 +64,13 @@ def test_datum_shapes_and_masks_use_sdk_types():
     assert s.loss_fn_inputs["weights"].tolist() == [0.0, 0.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="action_mask"):
         sft_datum([5], [8, 9], action_mask=[1])
+    # nestor sft's SFTSequence (ids, mask) and lm_sequence's PackedSequence read the same
+    for demo in ({"ids": [5, 6, 7, 8, 9], "mask": [False, False, False, True, False]},
+                 SimpleNamespace(input_ids=[5, 6, 7, 8, 9], action_mask=[0, 0, 0, 1, 0]),
+                 ([5, 6, 7], [8, 9], [1, 0])):
+        d = demo_datum(demo)
+        assert d.model_input.to_ints() == [5, 6, 7, 8]
+        assert d.loss_fn_inputs["weights"].tolist() == [0.0, 0.0, 1.0, 0.0]
 
 
 def test_turn_seeds_differ_by_episode_turn_and_version():
