@@ -45,9 +45,6 @@ class PolicyConfig(_Section):
     tool_format: Literal["auto", "json", "qwen3_5"] = Field(
         "auto", description="tinker: how the model writes tool calls: json (Qwen3, Hermes) or "
         "qwen3_5 (Qwen3.5/3.6 XML); auto reads the model's chat template.")
-    max_context: int | None = Field(
-        None, ge=256, le=1_048_576, description="tinker: context window in tokens (prompt + "
-        "turn); default what the service reports for the model.")
     tinker_service: Literal["remote", "local"] = Field(
         "remote", description="tinker: the real API ($TINKER_API_KEY) or the offline stand-in "
         "on a local model (nestor/policy/tinker_local.py; tests, CPU dry runs).")
@@ -62,6 +59,11 @@ class PolicyConfig(_Section):
         "", max_length=200, description="lm: text every reply starts with, given in the context "
         "(never sampled, never trained), e.g. '<tool_call>{\"name\": \"' for a model too small "
         "to call a tool unprompted.")
+    max_context: int | None = Field(
+        None, ge=256, le=262144, description="lm: context window in tokens (default the "
+        "model's max_position_embeddings, 36,864+ for Qwen3): a turn's context keeps its most "
+        "recent max_context - max_new_tokens tokens. Lower it when a long episode runs out of "
+        "memory. tinker: default what the service reports for the model.")
     credit: Literal["marginal", "episode"] = Field(
         "marginal", description="composer: marginal (each decision learns from its choices' "
         "pooled mean advantages, SGD at credit_lr) or episode (IS-GRPO with Adam at "
