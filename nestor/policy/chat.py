@@ -33,6 +33,14 @@ def to_hf_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
+def format_assistant(message: Message, fmt: ToolFormat = JSON) -> str:
+    """An assistant turn as a token policy writes it: its prose, then one call per line in the
+    family's format — what `parse_assistant` reads back into the same calls (the text a
+    demonstration is trained on)."""
+    calls = [fmt.render_call(c) for c in message.tool_calls]
+    return "\n".join(([message.content] if message.content else []) + calls)
+
+
 def parse_assistant(text: str, call_prefix: str = "call", fmt: ToolFormat = JSON,
                     tools: list[dict[str, Any]] | None = None) -> tuple[Message, str | None]:
     """Split a sampled reply into prose and tool calls; the error (if any) says what to fix.

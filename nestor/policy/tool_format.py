@@ -116,8 +116,8 @@ class ToolFormat:
             params = "".join(f"<parameter={k}>\n{_xml_value(v)}\n</parameter>\n"
                              for k, v in call.arguments.items())
             return f"<tool_call>\n<function={call.name}>\n{params}</function>\n</tool_call>"
-        return ("<tool_call>" + json.dumps({"name": call.name, "arguments": call.arguments})
-                + "</tool_call>")
+        return ("<tool_call>" + json.dumps({"name": call.name, "arguments": call.arguments},
+                                           ensure_ascii=False) + "</tool_call>")
 
     def parse(self, text: str, call_prefix: str = "call",
               tools: list[dict[str, Any]] | None = None) -> tuple[Message, str | None]:

@@ -3,8 +3,8 @@
 
 import pytest
 
-from nestor.policy.base import ToolCall
-from nestor.policy.chat import parse_assistant
+from nestor.policy.base import Message, ToolCall
+from nestor.policy.chat import format_assistant, parse_assistant
 from nestor.policy.tool_format import (
     JSON,
     QWEN3_5,
@@ -80,10 +80,10 @@ def test_rendered_calls_parse_back(fmt):
     from nestor.sandbox.workspace import TOOL_SCHEMAS  # the episode's tools
 
     calls = [ToolCall("write_file", {"path": "data/train.jsonl",
-                                     "content": '{"q": 1}\n{"q": 2}\n'}),
+                                     "content": '{"q": "é"}\n{"q": 2}\n'}),
              ToolCall("submit", {}), ToolCall("probe", {"n": 2, "tags": ["a", "b"]})]
-    text = "Writing.\n" + "\n".join(fmt.render_call(c) for c in calls)
-    msg, err = fmt.parse(text, call_prefix="c", tools=TOOL_SCHEMAS)
+    text = format_assistant(Message("assistant", "Writing.", calls), fmt)
+    msg, err = parse_assistant(text, call_prefix="c", fmt=fmt, tools=TOOL_SCHEMAS)
     assert err is None and msg.content == "Writing."
     assert [(c.name, c.arguments) for c in msg.tool_calls] == [(c.name, c.arguments)
                                                                for c in calls]
