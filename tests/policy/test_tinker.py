@@ -233,6 +233,12 @@ def test_checkpoint_names_are_unique_and_resume_restores(policy, tmp_path):
                if v.requires_grad)
     assert again.act(obs(seed=9)).action_ids == policy.act(obs(seed=9)).action_ids
     again.save(tmp_path / "c")  # a new training run: its own names
+    # `[policy] init_checkpoint`: the weights (e.g. a warm start's), a fresh optimizer, version 0
+    start = TinkerPolicy("tiny-m", service=policy.service, lora_rank=4, max_new_tokens=24)
+    start.load(tmp_path / "b", weights_only=True)
+    assert start.version == 0 and not start.training.policy.optimizer.state
+    assert all(torch.equal(mine[k], v) for k, v in start.training.policy.model.named_parameters()
+               if v.requires_grad)
     with pytest.raises(TinkerPolicyError, match="not tiny-s"):
         TinkerPolicy("tiny-s", service=policy.service, lora_rank=4).load(tmp_path / "b")
 
