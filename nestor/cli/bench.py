@@ -91,7 +91,12 @@ def register(root: typer.Typer) -> None:
 @app.command("agents")
 def agents(
     policy: str = typer.Option(..., "--policy", help="openai:MODEL (any OpenAI-compatible "
-                               "endpoint) or composer."),
+                               "endpoint), composer, tinker:MODEL (Tinker's API) or "
+                               "tinker-local:MODEL (its offline stand-in on a local model)."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="tinker: a policy "
+                                           "checkpoint directory of a run (holding tinker.json)."),
+    tinker_key_env: str = typer.Option("TINKER_API_KEY", "--tinker-key-env",
+                                       help="tinker: environment variable holding the key."),
     base_url: str = typer.Option("https://api.openai.com/v1", "--base-url",
                                  help="Chat-completions base URL (e.g. a `nestor serve`)."),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env",
@@ -144,8 +149,18 @@ def agents(
         from nestor.policy.composer import Composer, ComposerConfig
 
         pol = Composer(ComposerConfig(token_budget=budget))
+    elif policy.startswith(("tinker:", "tinker-local:")):
+        from nestor.policy.tinker import TinkerPolicyError, make_tinker_policy
+
+        kind, model = policy.split(":", 1)
+        try:
+            pol = make_tinker_policy(model, local=kind == "tinker-local", checkpoint=checkpoint,
+                                     api_key_env=tinker_key_env)
+        except TinkerPolicyError as exc:
+            fail(str(exc))
     else:
-        fail(f"unknown --policy {policy!r}; use openai:MODEL or composer")
+        fail(f"unknown --policy {policy!r}; use openai:MODEL, composer, tinker:MODEL or "
+             "tinker-local:MODEL")
     run_dir = run_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     if prompt_style not in ("full", "compact"):
         fail(f"--prompt-style {prompt_style!r}: choose full or compact")

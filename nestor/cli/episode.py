@@ -49,13 +49,22 @@ def _make_policy(kind: str, checkpoint: Path | None, seed: int, budget: int, mod
         if checkpoint is not None:
             policy.load(checkpoint)
         return policy
-    fail(f"unknown policy {kind!r}; choose composer or lm")
+    if kind in ("tinker", "tinker-local"):
+        from nestor.policy.tinker import TinkerPolicyError, make_tinker_policy
+
+        try:
+            return make_tinker_policy(model, local=kind == "tinker-local", seed=seed,
+                                      max_new_tokens=max_new_tokens, checkpoint=checkpoint)
+        except TinkerPolicyError as exc:
+            fail(str(exc))
+    fail(f"unknown policy {kind!r}; choose composer, lm, tinker or tinker-local")
 
 
 @app.command("run")
 def run(
     task: str = typer.Option(..., "--task", help="Task id (see `nestor tasks list`)."),
-    policy: str = typer.Option("composer", "--policy", help="composer or lm."),
+    policy: str = typer.Option("composer", "--policy", help="composer, lm, tinker (Tinker's "
+                               "API, $TINKER_API_KEY) or tinker-local (its offline stand-in)."),
     run_dir: Path | None = RunDirOpt,
     difficulty: int = typer.Option(0, "--difficulty", min=0, max=3),
     budget: int = typer.Option(150_000, "--budget", min=1000,
@@ -65,10 +74,10 @@ def run(
     max_turns: int = typer.Option(12, "--max-turns", min=1, max=200),
     seed: int = typer.Option(0, "--seed", min=0, help="Policy sampling seed."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Policy weights to load."),
-    model: str = typer.Option("tiny-m", "--model", help="The lm policy's model."),
+    model: str = typer.Option("tiny-m", "--model", help="The lm or tinker policy's model."),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=16, max=8192,
-                                       help="lm: token cap per turn (a dataset file needs "
-                                       "hundreds)."),
+                                       help="lm, tinker: token cap per turn (a dataset file "
+                                       "needs hundreds)."),
     prompt_style: str = typer.Option("full", "--prompt-style", help="full or compact (one "
                                      "worked job; for small-context models like smollm2-135m)."),
     train: bool = typer.Option(True, "--train/--no-train",

@@ -27,20 +27,43 @@ class _Section(BaseModel):
 
 
 class PolicyConfig(_Section):
-    kind: Literal["composer", "lm"] = Field(
-        "composer", description="Who writes jobs: the structured composer, or an HF chat LM.")
-    model: str = Field("tiny-m", description="lm: registry name or local path of the chat model.")
-    lora_rank: int = Field(8, ge=1, le=256, description="lm: LoRA rank of the trained adapter.")
+    kind: Literal["composer", "lm", "tinker"] = Field(
+        "composer", description="Who writes jobs: the structured composer, an HF chat LM "
+        "trained here, or a model LoRA-trained through Tinker's API.")
+    model: str = Field("tiny-m", description="lm: registry name or local path of the chat "
+                       "model; tinker: the service's base model (e.g. Qwen/Qwen3-8B).")
+    lora_rank: int = Field(8, ge=1, le=256, description="lm, tinker: LoRA rank of the trained "
+                           "adapter (tinker-cookbook uses 32).")
     lora_alpha: int = Field(16, ge=1, le=1024, description="lm: LoRA scaling alpha.")
-    temperature: float = Field(1.0, ge=0.05, le=2.0, description="lm: sampling temperature.")
+    temperature: float = Field(1.0, ge=0.05, le=2.0, description="lm, tinker: sampling "
+                               "temperature (tinker trains on plain logits: keep 1.0 for "
+                               "on-policy ratios).")
     max_new_tokens: int | None = Field(
         None, ge=1, le=32768, description="lm: token cap per turn; default a quarter of the "
         "model's context, within 256..4096 (a turn may write a whole dataset file).")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
+    tool_format: Literal["auto", "json", "qwen3_5"] = Field(
+        "auto", description="tinker: how the model writes tool calls: json (Qwen3, Hermes) or "
+        "qwen3_5 (Qwen3.5/3.6 XML); auto reads the model's chat template.")
+    tinker_service: Literal["remote", "local"] = Field(
+        "remote", description="tinker: the real API ($TINKER_API_KEY) or the offline stand-in "
+        "on a local model (nestor/policy/tinker_local.py; tests, CPU dry runs).")
+    tinker_base_url: str | None = Field(None, description="tinker: API base URL (default the "
+                                        "SDK's).")
+    tinker_api_key_env: str = Field("TINKER_API_KEY", description="tinker: environment "
+                                    "variable holding the API key.")
+    init_checkpoint: str | None = Field(
+        None, description="tinker: a policy checkpoint directory (holding tinker.json, e.g. a "
+        "warm start's) whose weights the run starts from, with a fresh optimizer.")
     response_prefix: str = Field(
         "", max_length=200, description="lm: text every reply starts with, given in the context "
         "(never sampled, never trained), e.g. '<tool_call>{\"name\": \"' for a model too small "
         "to call a tool unprompted.")
+    max_context: int | None = Field(
+        None, ge=256, le=262144, description="lm: context window in tokens (default the "
+        "model's max_position_embeddings, 36,864+ for Qwen3): a turn's context keeps its most "
+        "recent max_context - max_new_tokens tokens. Lower it when a long episode runs out of "
+        "memory. tinker: default what the service reports for the model.")
     credit: Literal["marginal", "episode"] = Field(
         "marginal", description="composer: marginal (each decision learns from its choices' "
         "pooled mean advantages, SGD at credit_lr) or episode (IS-GRPO with Adam at "
@@ -71,10 +94,10 @@ class RunConfig(_Section):
         "importance_sampling", description="Sum over policy actions of -exp(logp - logp_sample)*A.")
     clip_ratio: float = Field(0.0, ge=0.0, le=10.0, description="PPO-style clip of the ratio to "
                               "[1-c, 1+c] (pessimistic min); 0 = plain importance sampling.")
-    tis_cap: float = Field(2.0, ge=0.0, le=100.0, description="lm: truncate each token's "
+    tis_cap: float = Field(2.0, ge=0.0, le=100.0, description="lm, tinker: truncate each token's "
                            "importance ratio at this value (truncated IS); 0 = no cap.")
     token_max_staleness: int = Field(
-        4, ge=0, le=100, description="lm: groups sampled more than this many policy versions "
+        4, ge=0, le=100, description="lm, tinker: groups sampled more than this many policy versions "
         "ago are dropped even when stale_groups = 'reweight'.")
     learning_rate: float = Field(0.05, gt=0.0, le=10.0, description="Policy learning rate "
                                  "(composer logits like ~0.05; LoRA on an LM ~1e-4..1e-5).")

@@ -16,9 +16,18 @@ from nestor.outer.groups import EpisodeSummary
 KNOBS_IGNORED = {"base_model", "seed"}  # reported separately / not a training choice
 
 
-def make_policy(config: RunConfig):
-    """The run's policy, untrained (a resume loads its checkpoint afterwards)."""
+def make_policy(config: RunConfig, run_dir: Path | None = None):
+    """The run's policy, untrained (a resume loads its checkpoint afterwards). A tinker
+    policy on the local stand-in keeps its saved states under RUN_DIR/tinker-local."""
     pc = config.policy
+    if pc.kind == "tinker":
+        from nestor.outer.config import RunConfigError
+        from nestor.policy.tinker import TinkerPolicyError
+
+        try:
+            return _tinker_policy(config, run_dir)
+        except TinkerPolicyError as exc:  # no key, wrong checkpoint: one line from the CLI
+            raise RunConfigError(f"[policy] {exc}") from None
     if pc.kind == "lm":
         from nestor.policy.lm import LMPolicy
 
@@ -35,6 +44,23 @@ def make_policy(config: RunConfig):
                                    credit=pc.credit, credit_lr=pc.credit_lr, p_slip=pc.p_slip,
                                    model_conditioned=pc.model_conditioned,
                                    token_budget=episode.token_budget))
+
+
+def _tinker_policy(config: RunConfig, run_dir: Path | None):
+    from nestor.policy.tinker import TinkerPolicy, make_service
+
+    pc = config.policy
+    service = make_service(pc.tinker_service, api_key_env=pc.tinker_api_key_env,
+                           base_url=pc.tinker_base_url,
+                           local_root=run_dir / "tinker-local" if run_dir else None)
+    policy = TinkerPolicy(
+        pc.model, service=service, lora_rank=pc.lora_rank, learning_rate=config.learning_rate,
+        temperature=pc.temperature, max_new_tokens=pc.max_new_tokens,
+        max_context=pc.max_context, clip_ratio=config.clip_ratio, tis_cap=config.tis_cap,
+        seed=config.seed, tool_format=pc.tool_format)
+    if pc.init_checkpoint:
+        policy.load(Path(pc.init_checkpoint), weights_only=True)
+    return policy
 
 
 def knobs_changed(job_dir: Path, max_new_tokens: int, token_budget: int) -> int | None:

@@ -70,7 +70,7 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
 
     tracker = Tracker(config.logging, run_dir, name=run_dir.name, steps=config.steps,
                       run_config=config.model_dump(mode="json"))  # TrackingError before any work
-    policy = make_policy(config)
+    policy = make_policy(config, run_dir)
     ledger = Ledger(run_dir)
     pool = MeteredPool(make_pool(config.pool_config()))
 
@@ -82,7 +82,7 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
                               episode_config=config.episode_config(),
                               difficulty=config.difficulty, every=config.heldout_every,
                               episodes=config.heldout_episodes,
-                              make_untrained_policy=lambda: make_policy(config),
+                              make_untrained_policy=lambda: make_policy(config, run_dir),
                               progress=(lambda phase: progress({"phase": phase}))
                               if progress is not None else None)
 

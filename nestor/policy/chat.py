@@ -1,24 +1,25 @@
-"""Qwen3-style chat rendering and tool-call parsing for token policies.
+"""Chat rendering and tool-call parsing for token policies.
 
-The model writes tool calls as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-(one or more per turn, after optional prose). Parsing never raises: a malformed call becomes
-an error string that the episode shows the model as a tool error, and the policy counts it.
+By default the model writes Qwen3-style tool calls,
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (one or more per turn, after
+optional prose); other families (Qwen3.5's XML form) are in `nestor.policy.tool_format`.
+Parsing never raises: a malformed call becomes an error string that the episode shows the
+model as a tool error, and the policy counts it.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
-from nestor.policy.base import Message, ToolCall
+from nestor.policy.base import Message
+from nestor.policy.tool_format import JSON, ToolFormat
 
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-FORMAT_HINT = 'write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
+FORMAT_HINT = JSON.hint
 
 
 def to_hf_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Our Messages as the dicts HF chat templates expect (OpenAI-style tool calls)."""
+    """Our Messages as the dicts HF chat templates expect (OpenAI-style tool calls; the
+    arguments as a mapping, which both the Qwen3 and the Qwen3.5 templates render)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         d: dict[str, Any] = {"role": m.role, "content": m.content}
@@ -32,42 +33,16 @@ def to_hf_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def _parse_one(body: str) -> tuple[str, dict[str, Any]] | str:
-    """(name, arguments), or an error message saying what is wrong with the call."""
-    try:
-        obj = json.loads(body.strip())
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON ({exc.msg} at char {exc.pos})"
-    if not isinstance(obj, dict):
-        return "expected a JSON object with keys name and arguments"
-    name, args = obj.get("name"), obj.get("arguments", {})
-    if not isinstance(name, str) or not name:
-        return 'missing "name" (a string)'
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return f'"arguments" of {name!r} is a string that is not JSON'
-    if not isinstance(args, dict):
-        return f'"arguments" of {name!r} must be a JSON object'
-    return name, args
+def format_assistant(message: Message, fmt: ToolFormat = JSON) -> str:
+    """An assistant turn as a token policy writes it: its prose, then one call per line in the
+    family's format — what `parse_assistant` reads back into the same calls (the text a
+    demonstration is trained on)."""
+    calls = [fmt.render_call(c) for c in message.tool_calls]
+    return "\n".join(([message.content] if message.content else []) + calls)
 
 
-def parse_assistant(text: str, call_prefix: str = "call") -> tuple[Message, str | None]:
-    """Split a sampled reply into prose and tool calls; the error (if any) says what to fix."""
-    calls: list[ToolCall] = []
-    errors: list[str] = []
-    for i, match in enumerate(TOOL_CALL_RE.finditer(text)):
-        parsed = _parse_one(match.group(1))
-        if isinstance(parsed, str):
-            errors.append(f"tool call {i + 1}: {parsed}")
-        else:
-            calls.append(ToolCall(name=parsed[0], arguments=parsed[1], id=f"{call_prefix}_{i}"))
-    rest = TOOL_CALL_RE.sub("", text)
-    if "<tool_call>" in rest or "</tool_call>" in rest:
-        errors.append("unbalanced <tool_call> tags")
-        rest = rest.replace("<tool_call>", "").replace("</tool_call>", "")
-    error = None
-    if errors:
-        error = "malformed tool call: " + "; ".join(errors) + f"; {FORMAT_HINT}"
-    return Message(role="assistant", content=rest.strip(), tool_calls=calls), error
+def parse_assistant(text: str, call_prefix: str = "call", fmt: ToolFormat = JSON,
+                    tools: list[dict[str, Any]] | None = None) -> tuple[Message, str | None]:
+    """Split a sampled reply into prose and tool calls; the error (if any) says what to fix.
+    `tools` (the function schemas) types XML parameter values; JSON calls carry their own."""
+    return fmt.parse(text, call_prefix, tools)
