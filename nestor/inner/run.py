@@ -138,6 +138,8 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         config = load_job_config(job_dir / "config.toml")
     except (LayoutError, JobConfigError) as exc:
         return done("invalid", log_tail=str(exc))
+    if request.max_steps is not None:  # the user's override, applied here: no copy of the job
+        config = config.model_copy(update={"max_steps": request.max_steps})
     if (err := config.budget_error(request.token_budget)) is not None:
         return done("invalid", log_tail=err)
     result["base_model"] = config.base_model
@@ -212,6 +214,12 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
             trainer.train(should_stop=lambda: time.monotonic() > deadline, on_step=step_done)
             train_s = time.monotonic() - t_train
             lap("train_s")
+        from nestor.inner.change import trainer_change
+
+        change = trainer_change(trainer, base)
+        result.update(weight_change=change.change, step_efficiency=change.efficiency)
+        log(f"weights moved {change.change:.2e} (||Δθ||/||θ||), {change.efficiency:.2e} lr "
+            f"per step per weight: {'trained' if change.moved() else 'did not train'}")
         result.update(steps=len(history), train_s=train_s, metrics=history,
                       reward_curve=[round(m["reward_mean"], 4) for m in history])
         timed_out = time.monotonic() > deadline
