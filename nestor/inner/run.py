@@ -106,8 +106,8 @@ class _Log:
     def __init__(self):
         self.lines: deque[str] = deque(maxlen=LOG_LINES)
 
-    def __call__(self, line: str) -> None:
-        self.lines.append(line)
+    def __call__(self, line: str) -> None:  # a job's text may hold lone surrogates
+        self.lines.append(line.encode("utf-8", "replace").decode("utf-8"))
 
     def tail(self) -> str:
         return "\n".join(self.lines)
@@ -121,7 +121,22 @@ def _step_line(m: dict) -> str:
 
 def run_job(request: JobRequest, *, warm: WarmState | None = None,
             on_step: Callable[[dict], None] | None = None) -> JobResult:
-    """Train one job and score it. `on_step` gets each step's metrics (for progress bars)."""
+    """Train one job and score it. `on_step` gets each step's metrics (for progress bars).
+    Returns a status for every job: whatever a job's files make the trusted side trip on
+    (a parser's RecursionError, an overflow, undecodable text) is that job's `failed`."""
+    t0 = time.monotonic()
+    try:
+        return _run_job(request, warm, on_step)
+    except Exception as exc:  # outside _run_job's own handler: config, registry, staging
+        why = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        why = why.encode("utf-8", "replace").decode("utf-8")[:2000]
+        return JobResult(status="failed", wall_s=time.monotonic() - t0,
+                         worker=f"{socket.gethostname()}:{os.getpid()}",
+                         log_tail=f"the job could not be run: {why}")
+
+
+def _run_job(request: JobRequest, warm: WarmState | None,
+             on_step: Callable[[dict], None] | None) -> JobResult:
     t0 = time.monotonic()
     log = _Log()
     worker = f"{socket.gethostname()}:{os.getpid()}"
@@ -230,7 +245,7 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
                 return done("timeout")
         # a timeout post-scores the weights it has: a job that trained most of the way is
         # scored on what it did (the pool's grace period past timeout_s covers the hidden eval)
-        post = _post_score(trainer.model, tokenizer, task, request.difficulty)
+        post, result["eval_n"] = _post_score(trainer.model, tokenizer, task, request.difficulty)
         log(f"post-score {post:.3f} ({post - pre:+.3f})")
         lap("post_score_s")
         if timed_out:
@@ -251,13 +266,14 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         return done("failed")
 
 
-def _post_score(model, tokenizer, task, difficulty: int) -> float:
-    """Hidden eval of the trained weights, in this trusted process."""
+def _post_score(model, tokenizer, task, difficulty: int) -> tuple[float, int]:
+    """Hidden eval of the trained weights, in this trusted process: (accuracy, items)."""
     from nestor.inner.evaluate import score_model
     from nestor.tasks.hidden import hidden_eval
 
     model.eval()
-    return float(score_model(model, tokenizer, hidden_eval(task, difficulty=difficulty)).accuracy)
+    scored = score_model(model, tokenizer, hidden_eval(task, difficulty=difficulty))
+    return float(scored.accuracy), scored.n
 
 
 def _save(model, tokenizer, out_dir: Path, config, request: JobRequest,

@@ -47,6 +47,7 @@ class JobResult(BaseModel):
     worker: str | None = None
     log_tail: str = ""
     metrics: list[dict] = Field(default_factory=list, description="Per-step trainer metrics.")
+    eval_n: int | None = Field(None, description="Hidden-eval items behind pre and post.")
     weight_change: float | None = Field(None, description="||Δθ||/||θ|| of the trained weights "
                                         "against the base, weight decay's own shrink removed, "
                                         "measured by the trusted side (inner/change.py); None "
