@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from nestor.cli import app
@@ -68,3 +69,28 @@ def test_bench_matrix_measures_present_cells_and_stores_them(tmp_path, monkeypat
         assert abs(r["dollars"] - r["seconds"] * price / 3600) < 1e-5
     stored = json.loads(matrix_path.read_text())
     assert len(stored["entries"]) == 3 and stored["reference_job"] == str(job)
+
+
+@pytest.mark.slow
+def test_pool_run_and_job_export_run_the_probe_first(tmp_path, monkeypatch):
+    """The one gate: a job `nestor job validate` refuses (10 rows; load needs 32) is not trained
+    by `pool run` nor exported by `job export`, and the probe's message says why."""
+    import shutil
+
+    write_settings(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "ten-rows"
+    shutil.copytree(HERE.parents[1] / "examples" / "jobs" / "good-reverse", job,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    rows = (job / "data" / "train.jsonl").read_text().splitlines()[:10]
+    (job / "data" / "train.jsonl").write_text("\n".join(rows) + "\n")
+    res = runner.invoke(app, ["pool", "run", str(job), "--task", "reverse", "--json"])
+    assert res.exit_code == 1, res.output
+    (row,) = json.loads(res.stdout)
+    assert row["status"] == "invalid" and "load() yielded 10 tasks" in row["log_tail"]
+    assert row["worker"] is None  # never reached a worker
+    out = tmp_path / "rl.toml"
+    res = runner.invoke(app, ["job", "export", str(job), "--task", "reverse",
+                              "--prime-rl", str(out)])
+    assert res.exit_code == 1 and "load() yielded 10 tasks" in res.output, res.output
+    assert not out.exists()
