@@ -123,3 +123,15 @@ def test_results_land_under_out_and_name_the_users_job(job, tmp_path, tmp_root):
     assert "n=200" in res.output and f"results in {out}" in res.output  # Wilson interval shown
     assert not [p for p in tmp_root.iterdir() if p.name.startswith("nestor-job-")]
     assert (job / "config.toml").read_text() == (GOOD / "config.toml").read_text()
+
+
+def test_a_sparse_file_is_not_inflated_past_the_job_budget(job, tmp_path, tmp_root):
+    """256 MiB of holes: the staging copy stops at the job budget (64 MiB) and is removed."""
+    with (job / "data" / "blob.bin").open("wb") as fh:
+        fh.truncate(256 << 20)
+    res = train(job, env={"TMPDIR": str(tmp_root)})
+    assert res.returncode == 1, res.stderr
+    out = res.stdout + res.stderr
+    assert "over 67,108,864 bytes (at data/blob.bin)" in out and "Traceback" not in out
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 2 << 20
+    assert list(tmp_root.iterdir()) == []
