@@ -56,7 +56,8 @@ def test_bench_matrix_measures_present_cells_and_stores_them(tmp_path, monkeypat
         '[[pool.worker_types]]\nname = "dear"\nprice_per_hour = 36.0\nmodels = ["tiny-s"]\n'))
     monkeypatch.chdir(tmp_path)
     job = make_job(sleep=0.3)
-    res = runner.invoke(app, ["bench", "matrix", "--job", str(job), "--model", "tiny-s",
+    res = runner.invoke(app, ["bench", "matrix", "--job", str(job), "--skip-validation",
+                              "--model", "tiny-s",
                               "--model", "tiny-m", "--model", "qwen3-1.7b", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
