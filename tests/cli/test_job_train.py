@@ -135,3 +135,24 @@ def test_a_sparse_file_is_not_inflated_past_the_job_budget(job, tmp_path, tmp_ro
     assert "over 67,108,864 bytes (at data/blob.bin)" in out and "Traceback" not in out
     assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 2 << 20
     assert list(tmp_root.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", [
+    "config_toml", "pyproject_toml",
+    pytest.param("surrogate_prompt", marks=pytest.mark.slow),
+    pytest.param("huge_reward", marks=pytest.mark.slow)])
+def test_every_bomb_ends_job_train_with_a_status_not_a_traceback(job, tmp_path, kind):
+    from tests.job.test_job_bombs import bomb
+
+    job, needle = bomb(job, kind)
+    for args in ([], ["--skip-validation"]):  # the probe's verdict, then run_job's status
+        res = runner.invoke(app, ["job", "train", str(job), "--task", "reverse", "--max-steps",
+                                  "1", "--out", str(tmp_path / "out"), "--json", *args])
+        assert res.exit_code == 1, (args, res.output)
+        assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+        shown = json.loads(res.stdout)
+        assert shown["status"] in ("invalid", "failed")
+        if not args:
+            assert needle in json.dumps(shown["validation"]), shown["validation"]
+        elif kind != "huge_reward":  # run_job: the canary's re-probe words it its own way
+            assert needle in shown["log_tail"], shown["log_tail"]
