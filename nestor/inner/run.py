@@ -107,7 +107,9 @@ class _Log:
         self.lines: deque[str] = deque(maxlen=LOG_LINES)
 
     def __call__(self, line: str) -> None:  # a job's text may hold lone surrogates
-        self.lines.append(line.encode("utf-8", "replace").decode("utf-8"))
+        from nestor.job.tasksource import clean_text
+
+        self.lines.append(clean_text(line))
 
     def tail(self) -> str:
         return "\n".join(self.lines)
@@ -128,8 +130,9 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
     try:
         return _run_job(request, warm, on_step)
     except Exception as exc:  # outside _run_job's own handler: config, registry, staging
-        why = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        why = why.encode("utf-8", "replace").decode("utf-8")[:2000]
+        from nestor.job.tasksource import clean_text
+
+        why = clean_text("".join(traceback.format_exception_only(type(exc), exc)).strip())[:2000]
         return JobResult(status="failed", wall_s=time.monotonic() - t0,
                          worker=f"{socket.gethostname()}:{os.getpid()}",
                          log_tail=f"the job could not be run: {why}")

@@ -359,7 +359,7 @@ class JobTaskSource:
                 self._opened, self._died, got = False, True, stage
                 if error == "timeout":
                     raise TaskSourceError(stage, _explain(stage, "did not reply within", timeout_s))
-            raise TaskSourceError(got, _limit_hint(_clean(error), self.limits))
+            raise TaskSourceError(got, _limit_hint(clean_text(error), self.limits))
         return reply
 
     # -- the job -----------------------------------------------------------------------------
@@ -441,7 +441,7 @@ class JobTaskSource:
             self._malformed("score", f"the host answered {len(items)} items with a reply of "
                             "another shape (did the job write to the protocol fd?)")
         try:
-            errors = [None if e is None else _clean(str(e)) for e in reply["errors"]]
+            errors = [None if e is None else clean_text(str(e)) for e in reply["errors"]]
             rewards: list[float | None] = []
             for i, r in enumerate(reply["rewards"]):
                 value, why = _reward_float(r)
@@ -463,7 +463,7 @@ class JobTaskSource:
         return [float(r) for r in batch.rewards]
 
 
-def _clean(text: str) -> str:
+def clean_text(text: str) -> str:
     """Text a job wrote, safe to print and store (a lone surrogate becomes U+FFFD)."""
     return text.encode("utf-8", "replace").decode("utf-8")
 

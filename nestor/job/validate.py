@@ -38,7 +38,13 @@ from nestor.job.layout import CONFIG, DATA, MAX_DATA_BYTES, JobLayout, LayoutErr
 from nestor.job.memory import DEFAULT_MEMORY_CAP_MB, MIB, longest_prompt, memory_error, model_shape
 from nestor.job.rubric_probe import RubricProbe, probe_replies
 from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
-from nestor.job.tasksource import TRAIN_LIMITS, JobTaskSource, TaskSourceError, Timeouts
+from nestor.job.tasksource import (
+    TRAIN_LIMITS,
+    JobTaskSource,
+    TaskSourceError,
+    Timeouts,
+    clean_text,
+)
 from nestor.sandbox import SandboxError, SandboxUnavailable
 from nestor.tasks import TaskSpec
 
@@ -117,7 +123,7 @@ def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEF
         # (issue 25). A real bug of ours shows in the log, with its traceback.
         log.exception("validation probe raised on %s", job_dir)
         report.add("probe", False, f"the probe could not check this job: "
-                   f"{type(exc).__name__}: {_clean(str(exc))[:300]}; look for extreme "
+                   f"{type(exc).__name__}: {clean_text(str(exc))[:300]}; look for extreme "
                    "values in the job's files or replies (deep nesting, huge numbers, "
                    "invalid text)")
     checks = report.checks
@@ -383,11 +389,6 @@ def _dry_run(source: JobTaskSource, tasks: list[dict], config: JobConfig,
     mean = sum(batch.rewards) / len(batch.rewards)
     report.add("dry_run", True, f"{len(texts)} rollouts of {config.base_model} scored, mean "
                f"reward {mean:.2f} ({time.perf_counter() - t0:.2f} s)")
-
-
-def _clean(text: str) -> str:
-    """Text a job wrote, safe to print and store (a lone surrogate becomes U+FFFD)."""
-    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 # ----------------------------------------------------------------------------- base models
