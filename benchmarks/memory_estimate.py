@@ -67,7 +67,8 @@ def main() -> None:
             config = load_job_config(job / "config.toml")
             est = estimate(config, model_shape(config.base_model), _longest_prompt(job))
             done = subprocess.run(["/usr/bin/time", "-v", str(NESTOR), "job", "train", str(job),
-                                   "--task", task, "--memory-cap", "1000000", "--json"], capture_output=True, text=True)
+                                   "--task", task, "--memory-cap", "1000000", "--json",
+                                   "--skip-validation", "--out", str(job) + "-out"], capture_output=True, text=True)
             rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
             measured = int(rss.group(1)) * 1024 if rss else None
             status = json.loads(done.stdout)["status"] if done.stdout.strip() else "crashed"

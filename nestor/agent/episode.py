@@ -14,7 +14,6 @@ transcript.json.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import traceback
 import uuid
@@ -190,18 +189,26 @@ class _Episode:
                 "probe_fraction": max(probe, default=0.0)}
 
     def submit(self) -> tuple[str, EndReason | None]:
+        from nestor.job.safe_read import UnsafeFileError, copy_tree
         from nestor.job.validate import Check, ValidationReport, validate_job
 
         n = self.rec.attempts + 1
         snap = self.dir / f"attempt-{n}"
-        shutil.copytree(self.workspace.root, snap, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        t0 = time.perf_counter()
+        try:  # as the sandbox's staging copy: no link followed, no special file opened
+            copy_tree(self.workspace.root, snap)
+            copied = None
+        except (UnsafeFileError, OSError) as exc:
+            copied = f"the workspace cannot be submitted: {exc}"
         self.ledger.add_attempt(self.rec.id, n, snap)
         self.rec.attempts = n
-        t0 = time.perf_counter()
         try:
-            report = validate_job(snap, self.spec, token_budget=self.cfg.token_budget,
-                                  memory_cap_mb=self.cfg.memory_cap_mb)
+            if copied is not None:  # what the probe's files check would say of it
+                report = ValidationReport(passed=False, elapsed_s=0.0, checks=[
+                    Check(name="files", ok=False, message=copied)])
+            else:
+                report = validate_job(snap, self.spec, token_budget=self.cfg.token_budget,
+                                      memory_cap_mb=self.cfg.memory_cap_mb)
         except Exception as exc:  # the probe promises not to raise; if it does, the job failed
             report = ValidationReport(passed=False, elapsed_s=time.perf_counter() - t0, checks=[
                 Check(name="probe", ok=False, message=f"{type(exc).__name__}: {exc}")])
@@ -224,8 +231,10 @@ class _Episode:
         return text, None
 
     def train(self, snap: Path) -> EndReason:
-        job_dir = self.dir / "job"  # the final job files, frozen
-        shutil.copytree(snap, job_dir, symlinks=True)
+        from nestor.job.safe_read import copy_tree
+
+        job_dir = self.dir / "job"  # the final job files, frozen (a copy of the plain snapshot)
+        copy_tree(snap, job_dir)
         if self.pool is None:
             return "not_trained"
         job_id = f"{self.rec.id}-job"

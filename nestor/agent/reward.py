@@ -1,7 +1,7 @@
 """The outer reward: what one episode earned. The one reward module of the project.
 
     reward = w_valid   × validation × paid      # paid = 1 only if the job trained (below)
-           + w_quality × (post_share × post + (1 − post_share) × uplift)
+           + w_quality × (post_share × post × moved + (1 − post_share) × uplift)
            + w_speed   × speed × paid
            + w_wellformed × wellformed_rate + w_files × files_score + w_probe × probe_fraction
 
@@ -9,12 +9,18 @@ validation = 1 for a first-try pass, 1 − (k−1)/max_attempts for a pass on tr
 post = the hidden-eval accuracy of the trained weights, uplift = post − pre (both 0 without a
 post-score: a job that failed or never ran). speed = clip(1 − wall_s / timeout_s, 0, 1).
 
-No safe harbour: `paid` is 1 only when the job *trained* — it finished (`ok`), ran at least one
-optimizer step, and at least one step updated on a group with reward variance (a job whose every
-group was skipped as zero-variance never moved its weights). A validated job that fails, times
-out or does not move the model therefore loses the validation and speed terms and earns less
-than one that trained. A timeout still post-scores the weights it has (nestor/inner/run.py), so
-its quality term counts: a job that trained most of the way is not worth zero.
+No safe harbour: pay for training, not for running. `moved` is 1 only when the trusted side
+measured that training changed the weights (nestor/inner/change.py: relative weight change and
+the mean step per weight in units of the learning rate, each above its floor; a backend that
+reports no measure never counts). `paid` is 1 only when the job *trained* — it finished
+(`ok`), ran at least one optimizer step, at least one step updated on a group with reward
+variance, and it moved the weights. A `learning_rate = 1e-12` or `grad_clip = 1e-9` job runs
+every step and changes nothing: it earns no validation, no speed, and no post-score share of
+quality (that share is the base model's own score when nothing changed: choosing a strong model
+is worth something only to a job that trains it); its uplift is 0. A validated job that fails,
+times out or does not move the model therefore earns less than one that trained. A timeout
+still post-scores the weights it has (nestor/inner/run.py), so its quality term counts when
+they moved: a job that trained most of the way is not worth zero.
 
 Presets (`[reward] preset`; any weight set explicitly overrides the preset's):
 
@@ -39,6 +45,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from nestor.inner.change import moved as change_moved
 from nestor.inner.types import JobResult
 
 PRESETS: dict[str, dict[str, float]] = {
@@ -105,15 +112,21 @@ def improvement_of(result: JobResult | None) -> float:
     return scores_of(result)[1]
 
 
+def moved(result: JobResult | None) -> bool:
+    """The trusted side measured that training changed the weights (inner/change.py)."""
+    return result is not None and change_moved(result.weight_change, result.step_efficiency)
+
+
 def trained(result: JobResult | None) -> bool:
-    """The job finished and moved its weights: ≥ 1 step, and ≥ 1 step on a group with reward
-    variance (a step that skipped every group updated nothing)."""
+    """The job finished and moved its weights: ≥ 1 step, ≥ 1 step on a group with reward
+    variance (a step that skipped every group updated nothing), and a measured change above
+    the floors (steps that changed nothing are running, not training)."""
     if result is None or result.status != "ok" or result.steps < 1:
         return False
     used = [m.get("groups_trained") for m in result.metrics if isinstance(m, dict)]
-    if used and all(u is not None for u in used):
-        return sum(used) > 0
-    return True  # a trainer that reports no per-step groups: its steps count
+    if used and all(u is not None for u in used) and sum(used) == 0:
+        return False
+    return moved(result)
 
 
 def compute_reward(result: JobResult | None, *, passed_on: int | None, max_attempts: int,
@@ -125,9 +138,10 @@ def compute_reward(result: JobResult | None, *, passed_on: int | None, max_attem
     sig = {"wellformed_rate": 0.0, "files_score": 0.0, "probe_fraction": 0.0, **(signals or {})}
     post, uplift = scores_of(result)
     paid = trained(result)
+    changed = moved(result)
     efficiency = validation_efficiency(passed_on, max_attempts)
     speed = speed_score(result, timeout_s)
-    quality = w["post_share"] * post + (1.0 - w["post_share"]) * uplift
+    quality = w["post_share"] * post * changed + (1.0 - w["post_share"]) * uplift
     # The weighted terms sum to the reward; reports stack them.
     terms = {"weighted_validation": w["w_valid"] * efficiency * paid,
              "weighted_quality": w["w_quality"] * quality,
@@ -140,6 +154,9 @@ def compute_reward(result: JobResult | None, *, passed_on: int | None, max_attem
         "preset": cfg.preset,
         "validation_efficiency": efficiency,
         "trained": float(paid),
+        "moved": float(changed),
+        "weight_change": None if result is None else result.weight_change,
+        "step_efficiency": None if result is None else result.step_efficiency,
         "post": post,
         "improvement": uplift,
         "quality": quality,

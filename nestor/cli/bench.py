@@ -31,9 +31,12 @@ def matrix(
     timeout: float = typer.Option(900.0, "--timeout", min=1.0, help="Cap per reference job (s)."),
     output: Path | None = typer.Option(None, "--output", help="Matrix file (default: "
                                        "<cache_dir>/cost_matrix.json)."),
+    skip_validation: bool = typer.Option(False, "--skip-validation", help="Do not run the "
+                                         "validation probe on the reference job first."),
     json_: bool = JsonOpt,
 ) -> None:
-    """Run the reference job on every worker type x base model present; store the matrix."""
+    """Validate the reference job, then run it on every worker type x base model present;
+    store the matrix."""
     from nestor.pool import CostMatrix, PoolConfigError, PoolError, load_pool_config
     from nestor.pool.matrix import candidate_models, measure_matrix, present_models
     from nestor.tasks import TaskError
@@ -43,12 +46,18 @@ def matrix(
     if not (job / "config.toml").is_file():
         fail(f"reference job {job} has no config.toml; pass --job DIR")
     try:
-        registry().get(task)
+        spec = registry().get(task).spec()
         config = load_pool_config(backend=backend, address=address, cost_matrix=output)
     except TaskError as exc:
         fail(str(exc))
     except PoolConfigError as exc:
         fail(str(exc))
+    from nestor.cli.job import run_probe, skipped_line
+
+    if skip_validation:  # the one gate, as for every command that trains a job
+        skipped_line("training the reference job")
+    elif not (report := run_probe(job, spec, quiet=json_)).passed:
+        fail(f"reference job {job} failed validation: {report.summary()}", code=1)
     present, absent = present_models(candidate_models(config, model))
     for name, why in absent.items():
         console.print(f"[yellow]skip {name}:[/yellow] {escape(why)}", highlight=False)

@@ -19,6 +19,7 @@ from nestor.cli.common import (
     registry,
     require_sandbox,
 )
+from nestor.cli.job import SkipValidationOpt, run_probe, skipped_line
 
 app = typer.Typer(no_args_is_help=True, help="Warm worker pools: run jobs locally or on Ray.")
 
@@ -62,32 +63,42 @@ def run(
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Wall-clock cap per job (s)."),
     out_dir: Path | None = typer.Option(None, "--out-dir",
                                         help="Checkpoints go to OUT_DIR/<n>-<job>."),
+    skip_validation: bool = SkipValidationOpt,
     tasks_module: list[str] | None = TasksModuleOpt,
     json_: bool = JsonOpt,
 ) -> None:
-    """Run jobs on a warm pool (cheapest free worker type first); exit 1 if any is not ok."""
-    from nestor.inner.types import JobRequest
+    """Validate each job, then run those that pass on a warm pool (cheapest free worker type
+    first); exit 1 if any is not ok."""
+    from nestor.inner.types import JobRequest, JobResult
     from nestor.tasks import TaskError
 
     missing = [str(d) for d in job_dirs if not (d / "config.toml").is_file()]
     if missing:
         fail(f"not a job directory (no config.toml): {', '.join(missing)}")
     try:
-        registry(tasks_module).get(task)
+        spec = registry(tasks_module).get(task).spec(difficulty)
     except TaskError as exc:
         fail(str(exc))
     require_sandbox()  # the jobs run agent code: stop now if it would be refused
-    names = [f"{i}-{d.resolve().name}" for i, d in enumerate(job_dirs)]
-    requests = [JobRequest(job_dir=d.resolve(), task_id=task, difficulty=difficulty,
-                           timeout_s=timeout, tasks_modules=list(tasks_module or []),
-                           request_id=name,
-                           out_dir=(out_dir / name).resolve() if out_dir else None)
-                for name, d in zip(names, job_dirs, strict=True)]
-    pool = open_pool(backend, workers, address)
     results: dict[int, object] = {}
+    if skip_validation:
+        skipped_line("training")
+    else:  # the one gate: the probe `nestor job validate` runs, before any job trains
+        for i, d in enumerate(job_dirs):
+            report = run_probe(d, spec, quiet=json_)
+            if not report.passed:
+                results[i] = JobResult(status="invalid", log_tail=report.summary())
+    names = [f"{i}-{d.resolve().name}" for i, d in enumerate(job_dirs)]
+    requests = {i: JobRequest(job_dir=d.resolve(), task_id=task, difficulty=difficulty,
+                              timeout_s=timeout, tasks_modules=list(tasks_module or []),
+                              request_id=name,
+                              out_dir=(out_dir / name).resolve() if out_dir else None)
+                for i, (name, d) in enumerate(zip(names, job_dirs, strict=True))
+                if i not in results}
+    pool = open_pool(backend, workers, address)
     try:
         with console.status(f"{len(requests)} job(s) on {pool.capacity()} worker(s)…") as status:
-            futures = {pool.submit(r): i for i, r in enumerate(requests)}
+            futures = {pool.submit(r): i for i, r in requests.items()}
             for n, fut in enumerate(as_completed(futures), 1):
                 i = futures[fut]
                 results[i] = fut.result()
@@ -95,7 +106,7 @@ def run(
                               f"{results[i].status}")
     finally:
         pool.shutdown()
-    rows = [result_row(job_dirs[i], results[i]) for i in range(len(requests))]
+    rows = [result_row(job_dirs[i], results[i]) for i in range(len(job_dirs))]
     if json_:
         print_json(rows)
     else:

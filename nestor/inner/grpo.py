@@ -200,16 +200,22 @@ class GRPOTrainer:
         if config.kl_coef > 0 and config.lora_rank == 0:
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.eval().requires_grad_(False)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.param_names = [n for n, _ in named]  # inner/change.py matches them to the base's
+        self.params = [p for _, p in named]
         # float32 master weights for low-precision trainables (the optimizer's view of them)
         self.master = [p if p.dtype == torch.float32 else p.detach().float()
                        for p in self.params]
+        # LoRA's starting adapter (small): inner/change.py measures how far training moved it
+        self.initial_params = [m.detach().clone() for m in self.master] \
+            if config.lora_rank > 0 else []
         self.opt = torch.optim.AdamW(self.master, lr=config.learning_rate,
                                      weight_decay=config.weight_decay, betas=(0.9, 0.99))
         self.generator = torch.Generator(next(model.parameters()).device).manual_seed(config.seed)
         self._rng = random.Random(config.seed)
         self._order: list[int] = []
         self.step_count = 0
+        self.optimizer_steps = 0  # AdamW steps taken (inner/change.py removes their decay)
 
     # -- rollouts
 
@@ -355,6 +361,7 @@ class GRPOTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.master, self.config.grad_clip if self.config.grad_clip > 0 else math.inf)
         self.opt.step()
+        self.optimizer_steps += 1
         with torch.no_grad():
             for p, m in zip(self.params, self.master, strict=True):
                 if m is not p:

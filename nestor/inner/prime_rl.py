@@ -351,6 +351,12 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
     try:
         base_dir = base_dir or resolve_model_dir(job.base_model)
         ckpt = materialise_checkpoint(weights, base_dir, work / "checkpoint")
+        # `ok` alone is not training: the reward reads the change measured here, on the
+        # weights prime-rl wrote against the base (inner/change.py; one optimizer step a step)
+        from nestor.inner.change import checkpoint_change
+
+        change = checkpoint_change(ckpt, base_dir, job.learning_rate, log.step)
+        common.update(weight_change=change.change, step_efficiency=change.efficiency)
         pre = pre_score(job.base_model, request.task_id, request.difficulty, config.eval_n)
         post = score(str(ckpt), request.task_id, request.difficulty, config.eval_n)
     except Exception as exc:  # unreadable weights are the job's failure, not the harness's

@@ -106,8 +106,10 @@ class _Log:
     def __init__(self):
         self.lines: deque[str] = deque(maxlen=LOG_LINES)
 
-    def __call__(self, line: str) -> None:
-        self.lines.append(line)
+    def __call__(self, line: str) -> None:  # a job's text may hold lone surrogates
+        from nestor.job.tasksource import clean_text
+
+        self.lines.append(clean_text(line))
 
     def tail(self) -> str:
         return "\n".join(self.lines)
@@ -121,7 +123,23 @@ def _step_line(m: dict) -> str:
 
 def run_job(request: JobRequest, *, warm: WarmState | None = None,
             on_step: Callable[[dict], None] | None = None) -> JobResult:
-    """Train one job and score it. `on_step` gets each step's metrics (for progress bars)."""
+    """Train one job and score it. `on_step` gets each step's metrics (for progress bars).
+    Returns a status for every job: whatever a job's files make the trusted side trip on
+    (a parser's RecursionError, an overflow, undecodable text) is that job's `failed`."""
+    t0 = time.monotonic()
+    try:
+        return _run_job(request, warm, on_step)
+    except Exception as exc:  # outside _run_job's own handler: config, registry, staging
+        from nestor.job.tasksource import clean_text
+
+        why = clean_text("".join(traceback.format_exception_only(type(exc), exc)).strip())[:2000]
+        return JobResult(status="failed", wall_s=time.monotonic() - t0,
+                         worker=f"{socket.gethostname()}:{os.getpid()}",
+                         log_tail=f"the job could not be run: {why}")
+
+
+def _run_job(request: JobRequest, warm: WarmState | None,
+             on_step: Callable[[dict], None] | None) -> JobResult:
     t0 = time.monotonic()
     log = _Log()
     worker = f"{socket.gethostname()}:{os.getpid()}"
@@ -138,6 +156,8 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         config = load_job_config(job_dir / "config.toml")
     except (LayoutError, JobConfigError) as exc:
         return done("invalid", log_tail=str(exc))
+    if request.max_steps is not None:  # the user's override, applied here: no copy of the job
+        config = config.model_copy(update={"max_steps": request.max_steps})
     if (err := config.budget_error(request.token_budget)) is not None:
         return done("invalid", log_tail=err)
     result["base_model"] = config.base_model
@@ -216,6 +236,12 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
             trainer.train(should_stop=lambda: time.monotonic() > deadline, on_step=step_done)
             train_s = time.monotonic() - t_train
             lap("train_s")
+        from nestor.inner.change import trainer_change
+
+        change = trainer_change(trainer, base)
+        result.update(weight_change=change.change, step_efficiency=change.efficiency)
+        log(f"weights moved {change.change:.2e} (||Δθ||/||θ||), {change.efficiency:.2e} lr "
+            f"per step per weight: {'trained' if change.moved() else 'did not train'}")
         result.update(steps=len(history), train_s=train_s, metrics=history,
                       reward_curve=[round(m["reward_mean"], 4) for m in history])
         timed_out = time.monotonic() > deadline
@@ -226,7 +252,7 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
                 return done("timeout")
         # a timeout post-scores the weights it has: a job that trained most of the way is
         # scored on what it did (the pool's grace period past timeout_s covers the hidden eval)
-        post = _post_score(trainer.model, tokenizer, task, request.difficulty)
+        post, result["eval_n"] = _post_score(trainer.model, tokenizer, task, request.difficulty)
         log(f"post-score {post:.3f} ({post - pre:+.3f})")
         lap("post_score_s")
         if timed_out:
@@ -247,13 +273,14 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
         return done("failed")
 
 
-def _post_score(model, tokenizer, task, difficulty: int) -> float:
-    """Hidden eval of the trained weights, in this trusted process."""
+def _post_score(model, tokenizer, task, difficulty: int) -> tuple[float, int]:
+    """Hidden eval of the trained weights, in this trusted process: (accuracy, items)."""
     from nestor.inner.evaluate import score_model
     from nestor.tasks.hidden import hidden_eval
 
     model.eval()
-    return float(score_model(model, tokenizer, hidden_eval(task, difficulty=difficulty)).accuracy)
+    scored = score_model(model, tokenizer, hidden_eval(task, difficulty=difficulty))
+    return float(scored.accuracy), scored.n
 
 
 def _save(model, tokenizer, out_dir: Path, config, request: JobRequest,

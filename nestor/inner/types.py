@@ -25,6 +25,9 @@ class JobRequest(BaseModel):
     tasks_modules: list[str] = Field(default_factory=list)
     memory_cap_mb: int = Field(DEFAULT_MEMORY_CAP_MB, ge=64, description="Refuse (invalid) a "
                                "job whose estimated trainer peak is over this (job/memory.py).")
+    max_steps: int | None = Field(None, ge=1, le=2000, description="Train this many steps "
+                                  "instead of config.toml's max_steps (a smoke run; the job's "
+                                  "files are not changed, nor copied).")
     canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Canary replies "
                                  "mixed into the reward batches (inner/canary.py).")
 
@@ -44,3 +47,13 @@ class JobResult(BaseModel):
     worker: str | None = None
     log_tail: str = ""
     metrics: list[dict] = Field(default_factory=list, description="Per-step trainer metrics.")
+    eval_n: int | None = Field(None, description="Hidden-eval items behind pre and post.")
+    weight_change: float | None = Field(None, description="||Δθ||/||θ|| of the trained weights "
+                                        "against the base, weight decay's own shrink removed, "
+                                        "measured by the trusted side (inner/change.py); None "
+                                        "when it was not measured. The reward pays validation "
+                                        "and speed only above CHANGE_FLOOR.")
+    step_efficiency: float | None = Field(None, description="||Δθ|| / (lr · optimizer steps "
+                                          "· sqrt(weights trained)): a weight's mean step in "
+                                          "units of the learning rate (inner/change.py); "
+                                          "None when it was not measured.")

@@ -17,6 +17,7 @@ from nestor.models.registry import LR_MAX, learning_rate_ranges
 
 DEFAULT_TOKEN_BUDGET = 150_000  # sampled tokens per job; callers may set their own cap
 MAX_CONFIG_BYTES = 64 << 10
+TOO_DEEP = "not valid TOML: arrays or tables nested too deeply to parse; keep them shallow"
 
 
 class JobConfig(BaseModel):
@@ -80,6 +81,8 @@ def load_job_config(path: Path) -> JobConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise JobConfigError(f"{path.name}: not valid TOML: {exc}") from None
+    except RecursionError:  # a few KB of `[[[[...` exhausts the parser's stack
+        raise JobConfigError(f"{path.name}: {TOO_DEEP}") from None
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nestor.job import safe_read
+from nestor.job.config import TOO_DEEP
 
 CONFIG = "config.toml"
 DATA = "data/train.jsonl"
@@ -169,6 +170,8 @@ def _check_pyproject(root: Path, package: str) -> None:
         raise LayoutError(str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise LayoutError(f"{PYPROJECT}: not valid TOML: {exc}") from None
+    except RecursionError:  # a few KB of `[[[[...` exhausts the parser's stack
+        raise LayoutError(f"{PYPROJECT}: {TOO_DEEP}") from None
     name = meta.get("project", {}).get("name") if isinstance(meta.get("project"), dict) else None
     if not isinstance(name, str) or not name:
         raise LayoutError(f"{PYPROJECT}: needs [project] name = \"{package.replace('_', '-')}\"")

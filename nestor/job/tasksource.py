@@ -359,7 +359,7 @@ class JobTaskSource:
                 self._opened, self._died, got = False, True, stage
                 if error == "timeout":
                     raise TaskSourceError(stage, _explain(stage, "did not reply within", timeout_s))
-            raise TaskSourceError(got, _limit_hint(error, self.limits))
+            raise TaskSourceError(got, _limit_hint(clean_text(error), self.limits))
         return reply
 
     # -- the job -----------------------------------------------------------------------------
@@ -411,6 +411,8 @@ class JobTaskSource:
                     for t in tasks):
                 self._malformed("load", "the host sent a malformed task list (did the job "
                                 "write to the protocol fd?)")
+            if (err := _undecodable(tasks)) is not None:
+                raise TaskSourceError("load", err)
             self._tasks = tasks
             self.info["truncated"] = bool(reply.get("truncated"))
         return self._tasks
@@ -439,10 +441,15 @@ class JobTaskSource:
             self._malformed("score", f"the host answered {len(items)} items with a reply of "
                             "another shape (did the job write to the protocol fd?)")
         try:
-            rewards = [None if r is None else float(r) for r in reply["rewards"]]
-            return ScoreBatch(rewards, [None if e is None else str(e) for e in reply["errors"]],
-                              [dict(c) for c in reply["components"]], float(reply["elapsed_s"]))
-        except (TypeError, ValueError, KeyError) as exc:
+            errors = [None if e is None else clean_text(str(e)) for e in reply["errors"]]
+            rewards: list[float | None] = []
+            for i, r in enumerate(reply["rewards"]):
+                value, why = _reward_float(r)
+                rewards.append(value)
+                errors[i] = errors[i] or why
+            return ScoreBatch(rewards, errors, [dict(c) for c in reply["components"]],
+                              float(reply["elapsed_s"]))
+        except (TypeError, ValueError, KeyError, OverflowError) as exc:
             self._malformed("score", f"the host sent a malformed reply: {exc}")
 
     def score(self, task_indices: list[int], completions: list[str]) -> list[float]:
@@ -454,6 +461,43 @@ class JobTaskSource:
                 raise TaskSourceError("score", f"task {task_indices[i]}, completion "
                                       f"{completions[i][:40]!r}: {what}")
         return [float(r) for r in batch.rewards]
+
+
+def clean_text(text: str) -> str:
+    """Text a job wrote, safe to print and store (a lone surrogate becomes U+FFFD)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _reward_float(r) -> tuple[float | None, str | None]:
+    """A reward as a float, or (None, why): 10**400 is valid JSON and no float."""
+    if r is None:
+        return None, None
+    if isinstance(r, bool) or not isinstance(r, int | float):
+        raise TypeError(f"reward {r!r:.40} is not a number")
+    try:
+        value = float(r)
+    except OverflowError:
+        return None, f"reward {str(r)[:12]}… ({len(str(r))} digits) is too large for a float"
+    if not math.isfinite(value):
+        return None, f"reward {value} is not finite"
+    return value, None
+
+
+def _undecodable(tasks: list[dict]) -> str | None:
+    """Why a task's text cannot be tokenized (a lone surrogate is a str no tokenizer takes),
+    or None."""
+    for i, task in enumerate(tasks):
+        for key in ("prompt", "answer", "system_prompt"):
+            value = task.get(key)
+            if value is None:
+                continue
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return (f"task {i}'s {key} is not valid Unicode ({exc.reason} at character "
+                        f"{exc.start}: {value[max(0, exc.start - 10):exc.start]!r}…); write "
+                        "valid UTF-8 text")
+    return None
 
 
 def _limit_hint(message: str, limits: Limits) -> str:

@@ -26,7 +26,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig, JobConfigError, load_job_config
+from nestor.job.config import (
+    DEFAULT_TOKEN_BUDGET,
+    MAX_CONFIG_BYTES,
+    JobConfig,
+    JobConfigError,
+    load_job_config,
+)
 from nestor.job.dryrun import rollouts, tokenizer_for
 from nestor.job.layout import CONFIG, DATA, MAX_DATA_BYTES, JobLayout, LayoutError, read_layout
 from nestor.job.memory import (
@@ -39,7 +45,13 @@ from nestor.job.memory import (
 )
 from nestor.job.rubric_probe import RubricProbe, probe_replies
 from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
-from nestor.job.tasksource import TRAIN_LIMITS, JobTaskSource, TaskSourceError, Timeouts
+from nestor.job.tasksource import (
+    TRAIN_LIMITS,
+    JobTaskSource,
+    TaskSourceError,
+    Timeouts,
+    clean_text,
+)
 from nestor.sandbox import SandboxError, SandboxUnavailable
 from nestor.tasks import TaskSpec
 
@@ -67,9 +79,11 @@ class ValidationReport(BaseModel):
     checks: list[Check]
     elapsed_s: float = Field(description="Wall-clock seconds the probe took.")
     harness_failure: bool = Field(
-        False, description="The probe could not run for a reason that is not the job's (its "
-        "sandbox did not start in time on a loaded machine, the probe itself crashed): an "
-        "episode does not count the attempt against the agent.")
+        False, description="The probe could not run for a reason that is not the job's: its "
+        "sandbox did not start (in time, on a loaded machine). Only that: an episode does not "
+        "count the attempt against the agent. Anything a job's files or replies can cause "
+        "(parse errors of any depth, numeric overflow, undecodable text, oversized or deep "
+        "replies) is a failed check of the job, never a free retry.")
 
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
@@ -111,11 +125,14 @@ def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEF
                   report)
     except SandboxUnavailable:
         raise  # no sandbox for agent code here: not the job's fault, the run must stop
-    except Exception as exc:  # a bug of ours must not take the episode down with it
-        log.exception("validation probe crashed")
-        report.harness_failure = True
-        report.add("probe", False, f"the probe itself failed ({type(exc).__name__}: {exc}); "
-                   "this is not your job's fault — resubmit")
+    except Exception as exc:  # whatever the job made the probe trip on: the job's failed check
+        # Not a harness failure: a job that can crash the probe must not earn a free retry
+        # (issue 25). A real bug of ours shows in the log, with its traceback.
+        log.exception("validation probe raised on %s", job_dir)
+        report.add("probe", False, f"the probe could not check this job: "
+                   f"{type(exc).__name__}: {clean_text(str(exc))[:300]}; look for extreme "
+                   "values in the job's files or replies (deep nesting, huge numbers, "
+                   "invalid text)")
     checks = report.checks
     return ValidationReport(passed=bool(checks) and all(c.ok for c in checks), checks=checks,
                             elapsed_s=round(time.perf_counter() - t0, 3),
@@ -135,9 +152,15 @@ def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_
     try:
         source = JobTaskSource(layout.root, limits=PROBE_LIMITS, timeouts=timeouts,
                                warm=warm, package=layout.package)
-    except (SandboxError, TaskSourceError) as exc:
+    except SandboxError as exc:  # the sandbox itself did not start: ours, not the job's
         _trusted_checks(job_dir, layout, token_budget, report)
-        report.add("imports", False, f"could not start the sandbox: {exc}")
+        report.harness_failure = True
+        report.add("imports", False, f"the sandbox did not start: {exc}; this is not your "
+                   "job's fault — resubmit")
+        return
+    except TaskSourceError as exc:  # staging the job's files failed: the files' problem
+        _trusted_checks(job_dir, layout, token_budget, report)
+        report.add("imports", False, f"could not stage the job for the sandbox: {exc}")
         return
     with source:
         config = _trusted_checks(job_dir, layout, token_budget, report)
@@ -188,8 +211,9 @@ def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
 def _raw_base_model(path: Path) -> str:
     """base_model as written, so an unknown model is named together with the schema errors."""
     try:
-        value = tomllib.loads(path.read_text(encoding="utf-8")).get("base_model", "tiny-m")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        text = read_text(path.parent, path.name, MAX_CONFIG_BYTES)
+        value = tomllib.loads(text).get("base_model", "tiny-m")
+    except (UnsafeFileError, tomllib.TOMLDecodeError, RecursionError):
         return "tiny-m"
     return value if isinstance(value, str) else "tiny-m"
 

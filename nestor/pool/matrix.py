@@ -8,7 +8,6 @@ model's cells run on all types at once.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -47,9 +46,10 @@ def candidate_models(config: PoolConfig, requested: list[str] | None) -> list[st
 def reference_job(src: Path, base_model: str, max_steps: int, dest: Path) -> Path:
     """A copy of `src` training `base_model` for at most `max_steps` steps."""
     from nestor.job.config import load_job_config
+    from nestor.job.safe_read import copy_tree
     from nestor.job.scaffold import config_toml
 
-    shutil.copytree(src, dest)
+    copy_tree(src, dest)  # no link followed, no special file opened (raises UnsafeFileError)
     cfg = load_job_config(src / "config.toml")
     cfg = cfg.model_copy(update={"base_model": base_model,
                                  "max_steps": min(cfg.max_steps, max_steps)})

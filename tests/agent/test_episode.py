@@ -201,3 +201,30 @@ def test_harness_failures_are_capped(ledger, monkeypatch):
     rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_attempts=2))
     # two free probes, then two counted attempts: no episode loops for ever on our trouble
     assert rec.end_reason == "invalid" and rec.attempts == 4
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link"])
+def test_a_submitted_workspace_is_copied_without_following_or_opening_anything(ledger,
+                                                                               tmp_path, plant):
+    """The snapshot is the same safe copy as the sandbox's staging: a FIFO in the workspace is
+    never opened (no hang), a link never followed; the submit is a failed `files` check."""
+    import os
+
+    outside = tmp_path / "secret.txt"
+    outside.write_text("TOP-SECRET")
+    ws = ledger.run_dir / "episodes" / "e1" / "workspace"
+
+    def booby_trap(obs):
+        if plant == "fifo":
+            os.mkfifo(ws / "config.toml")
+        else:
+            (ws / "config.toml").symlink_to(outside)
+        return calls(("submit", {}))(obs)
+
+    pol = Scripted([booby_trap])
+    rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_attempts=1), episode_id="e1")
+    report = [m.content for m in rec.messages if m.role == "tool"][0]
+    assert "FAIL files:" in report and "config.toml is a" in report, report
+    assert "TOP-SECRET" not in report and rec.end_reason == "invalid"
+    snap = ledger.run_dir / "episodes" / "e1" / "attempt-1"
+    assert not (snap / "config.toml").is_symlink()

@@ -11,10 +11,13 @@ from nestor.agent.reward import (
 )
 from nestor.inner.types import JobResult
 
+MOVED = {"weight_change": 1e-2, "step_efficiency": 0.5}  # an honest job's (inner/change.py)
 
-def ok(pre=0.1, post=0.3, wall=30.0, steps=3, groups=(2, 1, 2)):
+
+def ok(pre=0.1, post=0.3, wall=30.0, steps=3, groups=(2, 1, 2), change=MOVED):
     return JobResult(status="ok", pre_score=pre, post_score=post, improvement=post - pre,
-                     wall_s=wall, steps=steps, metrics=[{"groups_trained": g} for g in groups])
+                     wall_s=wall, steps=steps, metrics=[{"groups_trained": g} for g in groups],
+                     **change)
 
 
 def test_validation_efficiency_falls_per_attempt_and_is_zero_when_never_valid():
@@ -61,17 +64,36 @@ def test_no_safe_harbour_in_any_preset(preset):
 
 def test_a_timeout_keeps_the_quality_of_the_weights_it_has():
     timeout = JobResult(status="timeout", pre_score=0.1, post_score=0.5, improvement=0.4,
-                        wall_s=100.0, steps=5)
+                        wall_s=100.0, steps=5, **MOVED)
     r, c = compute_reward(timeout, passed_on=1, max_attempts=3, timeout_s=100.0)
     assert c["quality"] == pytest.approx(0.25 * 0.5 + 0.75 * 0.4)
     assert r == pytest.approx(0.6 * c["quality"]) and c["trained"] == 0.0
 
 
-def test_trained_needs_steps_and_a_group_with_variance():
+def test_trained_needs_steps_a_group_with_variance_and_measured_change():
     assert trained(ok()) and not trained(ok(groups=(0, 0, 0)))
     assert not trained(ok(steps=0, groups=()))
-    assert trained(JobResult(status="ok", steps=2))  # no per-step groups reported
-    assert not trained(JobResult(status="timeout", steps=5)) and not trained(None)
+    assert trained(JobResult(status="ok", steps=2, **MOVED))  # no per-step groups reported
+    # changed deliberately (issue 25): `ok` without a measured change is not training
+    assert not trained(JobResult(status="ok", steps=2))
+    assert not trained(JobResult(status="timeout", steps=5, **MOVED)) and not trained(None)
+
+
+@pytest.mark.parametrize("change", [
+    {"weight_change": 1.3e-12, "step_efficiency": 0.019},  # learning_rate = 1e-12
+    {"weight_change": 7.0e-7, "step_efficiency": 3.4e-5},  # grad_clip = 1e-9
+    {"weight_change": 2.1e-5, "step_efficiency": 1.7e-4},  # LoRA, grad_clip = 1e-9
+    {}])  # a backend that measured nothing
+def test_a_job_that_ran_but_did_not_move_the_model_earns_only_its_uplift(change):
+    """Measured figures of tiny-m jobs that ran every step on groups with variance."""
+    still = ok(pre=0.34, post=0.34, change=change)
+    r, c = compute_reward(still, passed_on=1, max_attempts=3, timeout_s=120.0)
+    assert c["trained"] == 0.0 and c["moved"] == 0.0
+    assert c["weighted_validation"] == 0.0 and c["weighted_speed"] == 0.0
+    assert c["quality"] == 0.0 and r == 0.0  # no post share for the base model's own score
+    honest, _ = compute_reward(ok(pre=0.34, post=0.34), passed_on=1, max_attempts=3,
+                               timeout_s=120.0)
+    assert honest > 0.35
 
 
 def test_uplift_preset_and_overrides():

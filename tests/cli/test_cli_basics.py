@@ -2,7 +2,6 @@
 episode and run listings."""
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -51,15 +50,20 @@ def test_steps_override_is_validated_like_the_toml():
         assert ("--max-steps" if cmd[0] == "job" else "--steps") in shown
 
 
-def test_job_train_max_steps_copies_the_job(tmp_path):
-    from nestor.cli.job import _with_max_steps
+def test_job_train_max_steps_is_an_override_not_a_copy(tmp_path):
+    """Changed deliberately (issue 25): `--max-steps` no longer copies and rewrites the job; the
+    trainer gets it as `JobRequest.max_steps` and the budget rule counts the steps it sets."""
+    from nestor.inner.run import run_job
+    from nestor.inner.types import JobRequest
 
     job = tmp_path / "job"
     assert runner.invoke(app, ["job", "init", str(job), "--task", "add"]).exit_code == 0
-    copy = _with_max_steps(job.resolve(), 3)
-    assert copy != job and tomllib.loads((copy / "config.toml").read_text())["max_steps"] == 3
-    assert tomllib.loads((job / "config.toml").read_text())["max_steps"] != 3  # untouched
-    assert (copy / "data" / "train.jsonl").read_text() == (job / "data" / "train.jsonl").read_text()
+    before = (job / "config.toml").read_text()
+    result = run_job(JobRequest(job_dir=job, task_id="add", max_steps=2000))
+    assert result.status == "invalid" and "max_steps × prompts_per_step" in result.log_tail
+    assert result.log_tail.split("= ")[1].startswith("2000×")  # the override, not the file's
+    assert (job / "config.toml").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job"]
 
 
 def test_runs_list_shows_policy_and_reward_of_an_episode_dir(tmp_path):

@@ -132,6 +132,25 @@ def test_launch_follow_merge_and_score(job, tmp_path, monkeypatch):
     assert 0.0 <= res.pre_score <= 1.0 and 0.0 <= res.post_score <= 1.0
     assert list((tmp_path / "cache").rglob("*.json"))  # the base model's score was cached
     assert res.improvement == pytest.approx(res.post_score - res.pre_score)
+    # the change was measured on the merged weights against the base: it trained
+    from nestor.agent.reward import trained
+
+    assert res.weight_change > 1e-6 and trained(res)
+
+
+@pytest.mark.slow
+def test_ok_alone_is_not_training(job, tmp_path, monkeypatch):
+    """prime-rl exits 0 and writes weights that are the base's own (the fake without LoRA):
+    `ok`, but the measured change is 0 and the reward does not count it as trained."""
+    from nestor.agent.reward import compute_reward, trained
+
+    monkeypatch.setenv("NESTOR_CACHE", str(tmp_path / "cache"))
+    res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path),
+                       score=lambda *a: 0.3, pre_score=lambda *a: 0.3)
+    assert res.status == "ok", res.log_tail
+    assert res.weight_change == 0.0 and not trained(res)
+    _, c = compute_reward(res, passed_on=1, max_attempts=3, timeout_s=600.0)
+    assert c["weighted_validation"] == 0.0 and c["weighted_speed"] == 0.0
 
 
 def test_full_weights_become_a_self_contained_checkpoint(tmp_path):

@@ -81,7 +81,12 @@ def test_prime_rl_export_carries_the_config(job):
 def test_cli_export_and_init(tmp_path, job):
     out = tmp_path / "rl.toml"
     result = runner.invoke(app, ["job", "export", str(job), "--prime-rl", str(out)])
+    assert result.exit_code == 2 and "--task" in result.output  # the probe needs the task
+    assert not out.exists()
+    result = runner.invoke(app, ["job", "export", str(job), "--prime-rl", str(out),
+                                 "--skip-validation"])
     assert result.exit_code == 0, result.output
+    assert "validation skipped" in result.output
     assert tomllib.loads(out.read_text())["max_steps"] == 40
     text = out.read_text()
     assert "loss=token_is" in text and str(Path.cwd()) not in text.split("[model]")[1]
