@@ -42,7 +42,7 @@ from nestor.sandbox import Limits, SandboxedProcess, SandboxError
 from nestor.sandbox.backend import seccomp_in_use
 from nestor.sandbox.seccomp import filter_program
 
-HOST_SCRIPT = Path(__file__).with_name("host.py")
+HOST_SCRIPT = Path(__file__).parents[1] / "sandbox" / "host.py"
 HOST_IN = "/opt/nestor/host.py"
 HOST_NS_IN = "/opt/nestor/host_ns.py"  # next to host.py, which loads it from its own directory
 FILTER_IN = "/opt/nestor/seccomp.bpf"  # the full filter, stacked on each job by host_ns.py
