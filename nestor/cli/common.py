@@ -13,7 +13,9 @@ from rich.markup import escape
 console = Console(stderr=True)
 
 TasksModuleOpt = typer.Option(
-    None, "--tasks-module", help="Extra task-family module to load (importable from the cwd).")
+    None, "--tasks-module",
+    help="Extra task-family module: a dotted name (installed or on PYTHONPATH) or a .py file; "
+         "never searched in the current directory.")
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 
 

@@ -323,8 +323,11 @@ def load_prime_rl_config(path: Path | None = None) -> PrimeRLConfig:
     worker's cwd is Ray's, so pods point NESTOR_TOML at the file their setup wrote."""
     import tomllib
 
-    path = path or Path(os.environ.get("NESTOR_TOML", "nestor.toml"))
-    if not path.is_file():
+    from nestor.config import settings_file
+
+    path = path or (Path(os.environ["NESTOR_TOML"]) if os.environ.get("NESTOR_TOML")
+                    else settings_file())
+    if path is None or not path.is_file():
         return PrimeRLConfig()
     return PrimeRLConfig.model_validate(tomllib.loads(path.read_text()).get("prime_rl", {}))
 

@@ -1,0 +1,89 @@
+"""No code of a job ever imports in a trusted process: every CLI command, started from inside a
+hostile job directory whose root shadows the libraries nestor imports, imports none of them.
+
+Each shadowing module writes a marker next to itself when imported. (Inside the sandbox the job
+sees a staged read-only copy, so a marker can only come from the trusted side.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD_ADD = ROOT / "examples" / "jobs" / "good-add"
+SHADOWS = ("torch", "transformers", "tokenizers", "safetensors", "peft", "tomli_w", "nestor",
+           "verifiers", "numpy", "typer", "rich", "pydantic")
+MARK = "import pathlib as _p\n_p.Path(__file__).with_suffix('.IMPORTED').write_text('x')\n"
+
+
+@pytest.fixture
+def hostile_job(tmp_path) -> Path:
+    job = tmp_path / "job"
+    shutil.copytree(GOOD_ADD, job, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in SHADOWS:
+        (job / f"{name}.py").write_text(MARK)
+    # settings of its own: a plugin file to import, weights and a pre-score cache of its own
+    (job / "plugin.py").write_text(MARK)
+    (job / "nestor.toml").write_text('[nestor]\ntask_modules = ["./plugin.py"]\n'
+                                     'cache_dir = "cache"\n'
+                                     '[nestor.model_paths]\n"tiny-m" = "weights"\n')
+    return job
+
+
+def _nestor(job: Path, tmp_path: Path, *args: str, module: bool = False,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    """`nestor ARGS` started in `job`: as the console script does (its own dir first on
+    sys.path), or as `python -m nestor.cli.main` (the cwd first)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NESTOR_HOME": str(tmp_path / "home"),
+           "OMP_NUM_THREADS": "1"}
+    if module:
+        argv = [sys.executable, "-m", "nestor.cli.main", *args]
+    else:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        entry = bin_dir / "nestor"
+        entry.write_text("import sys\nfrom nestor.cli import app\nsys.exit(app())\n")
+        argv = [sys.executable, str(entry), *args]
+    return subprocess.run(argv, cwd=job, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _imported(job: Path) -> list[str]:
+    return sorted(p.stem for p in job.rglob("*.IMPORTED"))
+
+
+def test_tasks_list_and_eval_import_nothing_of_the_job(hostile_job, tmp_path):
+    out = _nestor(hostile_job, tmp_path, "tasks", "list", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = _nestor(hostile_job, tmp_path, "eval", "--model", "tiny-m", "--task", "add", "--n", "2",
+                  "--no-cache", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert _imported(hostile_job) == [] and not (hostile_job / "cache").exists()
+
+
+def test_python_dash_m_drops_the_cwd(hostile_job, tmp_path):
+    """`python -m` puts the cwd first on sys.path; nestor drops it before importing anything
+    (a `nestor.py` there is found by Python itself first: that form needs `python -P`)."""
+    (hostile_job / "nestor.py").unlink()
+    out = _nestor(hostile_job, tmp_path, "tasks", "list", "--json", module=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = _nestor(hostile_job, tmp_path, "job", "validate", ".", "--task", "add", "--json",
+                  module=True)
+    assert _imported(hostile_job) == [], out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_validate_train_and_episode_import_nothing_of_the_job(hostile_job, tmp_path):
+    out = _nestor(hostile_job, tmp_path, "job", "validate", ".", "--task", "add", "--json")
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    out = _nestor(hostile_job, tmp_path, "job", "train", ".", "--task", "add", "--max-steps", "1",
+                  "--out", str(tmp_path / "out"), "--json")
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    out = _nestor(hostile_job, tmp_path, "episode", "run", "--task", "add", "--policy", "composer",
+                  "--no-train", "--max-turns", "2", "--run-dir", str(tmp_path / "run"), "--json")
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert _imported(hostile_job) == []
