@@ -196,6 +196,10 @@ def run_job(request: JobRequest, *, warm: WarmState | None = None,
             log(f"reward server up: {len(prompts)} tasks")
             if (err := memory_check(config, prompts, tokenizer, request.memory_cap_mb)):
                 return done("invalid", log_tail=f"memory: {err}")
+            from nestor.inner.contamination import contamination_error
+
+            if (err := contamination_error(task, request.difficulty, source.load())):
+                return done("invalid", log_tail=f"data: {err}")
             lap("reward_server_s")
             # The rubric is re-probed and watched with canary replies (inner/canary.py).
             reward = CanaryReward(source, task.spec(request.difficulty), request.canary,
