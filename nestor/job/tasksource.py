@@ -79,7 +79,8 @@ class ScoreBatch:
     rewards: list[float | None]  # None where the job's rubric failed for that item
     errors: list[str | None]
     components: list[dict[str, float]]
-    elapsed_s: float  # time spent in the rubric, inside the child
+    elapsed_s: float  # wall time of the request, measured here: never the job's own word
+    reported_s: float | None = None  # what the job's server said it took (informative only)
 
 
 def _copy_job(src: Path, dst: Path) -> None:
@@ -248,8 +249,10 @@ class JobTaskSource:
             if not 0 <= int(i) < n:
                 raise ValueError(f"task index {i} out of range (the job has {n} tasks)")
             items.append({"task": int(i), "completion": str(text)})
+        t0 = time.perf_counter()  # the speed of a rubric is what the trusted side waited
         reply = self._request("score", {"cmd": "score", "items": items},
                               timeout_s or self.timeouts.score_s)
+        waited = time.perf_counter() - t0
         if not all(isinstance(reply.get(k), list) and len(reply[k]) == len(items)
                    for k in ("rewards", "errors", "components")):
             self._malformed("score", f"the host answered {len(items)} items with a reply of "
@@ -257,7 +260,8 @@ class JobTaskSource:
         try:
             rewards = [None if r is None else float(r) for r in reply["rewards"]]
             return ScoreBatch(rewards, [None if e is None else str(e) for e in reply["errors"]],
-                              [dict(c) for c in reply["components"]], float(reply["elapsed_s"]))
+                              [dict(c) for c in reply["components"]], waited,
+                              _seconds(reply.get("elapsed_s")))
         except (TypeError, ValueError, KeyError) as exc:
             self._malformed("score", f"the host sent a malformed reply: {exc}")
 
@@ -270,6 +274,13 @@ class JobTaskSource:
                 raise TaskSourceError("score", f"task {task_indices[i]}, completion "
                                       f"{completions[i][:40]!r}: {what}")
         return [float(r) for r in batch.rewards]
+
+
+def _seconds(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _limit_hint(message: str, limits: Limits) -> str:
