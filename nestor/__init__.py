@@ -14,9 +14,15 @@ def _drop_cwd_from_path() -> None:
     `nestor.py` in the cwd before this runs: there, use `nestor` or `python -P -m ...`.)"""
     if _sys.argv[:1] == ["-m"] and _sys.path and _sys.path[0] in ("", _os.getcwd()):
         del _sys.path[0]
-    _sys.path[:] = [p for p in _sys.path if p != "" and not (
-        _os.path.isfile(_os.path.join(p, "config.toml"))
-        and _os.path.isdir(_os.path.join(p, "env")))]
+    _sys.path[:] = [p for p in _sys.path if p != "" and not _job_like(p)]
+
+
+def _job_like(path: str) -> bool:
+    """config.toml beside an env/ that is not a virtualenv: a job's directory, or most of one
+    (nestor.config.looks_like_a_job)."""
+    env = _os.path.join(path, "env")
+    return _os.path.isfile(_os.path.join(path, "config.toml")) and _os.path.isdir(env) \
+        and not _os.path.exists(_os.path.join(env, "pyvenv.cfg"))
 
 
 _drop_cwd_from_path()

@@ -42,6 +42,9 @@ def settings_file() -> Path | None:
 
 
 def looks_like_a_job(directory: Path) -> bool:
-    """A job's directory (config.toml beside env/): nestor reads no settings from it."""
-    return (directory / "config.toml").exists() and (directory / "env").is_dir()
+    """A job's directory, or most of one: config.toml beside an env/ that is not a virtualenv
+    (a project whose venv is called env/ keeps its settings). nestor reads no settings from it."""
+    env = directory / "env"
+    return (directory / "config.toml").exists() and env.is_dir() and \
+        not (env / "pyvenv.cfg").exists()
 

@@ -24,6 +24,7 @@ from nestor.tasks.hidden import DEFAULT_N, hidden_eval
 from nestor.tasks.registry import TaskRef
 
 HONEST_DRAWS = 3
+MAX_DRAWS = 200_000  # per honest draw: covers a space of ~10^4 inputs, bounds the work
 REFUSAL = ("the job's tasks hold more of the hidden eval's items than a dataset of the same size "
            "drawn from the task would; generate your own inputs (the hidden eval is not yours to "
            "see)")
@@ -73,7 +74,7 @@ def honest_overlap(ref: TaskRef, difficulty: int, size: int, n: int = DEFAULT_N,
     for _ in range(draws):
         rng = random.Random(secrets.token_hex(8))
         seen: set[str] = set()
-        for _ in range(50 * max(size, 1)):
+        for _ in range(min(50 * max(size, 1), MAX_DRAWS)):
             if len(seen) >= size:
                 break
             seen.add(ref.task.sample(rng, difficulty))

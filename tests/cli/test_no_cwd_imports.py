@@ -87,3 +87,28 @@ def test_validate_train_and_episode_import_nothing_of_the_job(hostile_job, tmp_p
                   "--no-train", "--max-turns", "2", "--run-dir", str(tmp_path / "run"), "--json")
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     assert _imported(hostile_job) == []
+
+
+def test_a_job_dir_on_sys_path_is_dropped_and_its_settings_ignored(hostile_job, tmp_path):
+    """What Ray does with the driver's cwd (puts it on its workers' sys.path), and a job's own
+    nestor.toml; a project whose virtualenv is called env/ keeps both. (A `nestor.py` there
+    would be found before any of ours runs: docs/sandbox.md's known gaps.)"""
+    (hostile_job / "nestor.py").unlink()
+    project = tmp_path / "project"
+    (project / "env").mkdir(parents=True)
+    (project / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (project / "config.toml").write_text("")
+    (project / "nestor.toml").write_text('[nestor]\ncache_dir = "/from/the/project"\n')
+    code = ("import sys; sys.path[:0] = [{job!r}, {project!r}]\n"
+            "import nestor\nfrom nestor.config import load_settings\n"
+            "print({job!r} in sys.path, {project!r} in sys.path, load_settings().cache_dir)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for cwd, cache in ((hostile_job, "cache"), (project, "/from/the/project")):
+        out = subprocess.run([sys.executable, "-c", code.format(job=str(hostile_job),
+                                                                project=str(project))],
+                             cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        job_on_path, project_on_path, cache_dir = out.stdout.split()
+        assert job_on_path == "False" and project_on_path == "True"
+        assert (cache_dir == cache) == (cwd == project)
+    assert _imported(hostile_job) == []
