@@ -70,15 +70,18 @@ def test_python_dash_m_drops_the_cwd(hostile_job, tmp_path):
     (a `nestor.py` there is found by Python itself first: that form needs `python -P`)."""
     (hostile_job / "nestor.py").unlink()
     out = _nestor(hostile_job, tmp_path, "tasks", "list", "--json", module=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    out = _nestor(hostile_job, tmp_path, "job", "validate", ".", "--task", "add", "--json",
-                  module=True)
-    assert _imported(hostile_job) == [], out.stderr[-2000:]
+    assert out.returncode == 0, out.stderr[-2000:]  # typer, rich, pydantic: ours
+    assert _imported(hostile_job) == []
 
 
 @pytest.mark.slow
 def test_validate_train_and_episode_import_nothing_of_the_job(hostile_job, tmp_path):
     out = _nestor(hostile_job, tmp_path, "job", "validate", ".", "--task", "add", "--json")
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    (hostile_job / "nestor.py").rename(tmp_path / "nestor.py")  # `python -m`: see above
+    out = _nestor(hostile_job, tmp_path, "job", "validate", ".", "--task", "add", "--json",
+                  module=True)
+    (tmp_path / "nestor.py").rename(hostile_job / "nestor.py")
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     out = _nestor(hostile_job, tmp_path, "job", "train", ".", "--task", "add", "--max-steps", "1",
                   "--out", str(tmp_path / "out"), "--json")
