@@ -44,3 +44,10 @@ def test_secret_under_a_bound_tree_is_masked(tmp_path, monkeypatch):
     secret.secret_path().chmod(0o644)
     out = _read_inside("/job/.nestor/hidden_seed", {str(job): "/job"})
     assert value.decode() not in out and out in ("b''", "refused PermissionError")
+
+
+def test_the_override_never_reaches_the_sandbox(monkeypatch):
+    monkeypatch.setenv("NESTOR_HIDDEN_SEED", "research-seed-do-not-leak")
+    res = run_sandboxed([sys.executable, "-c", "import os; print(sorted(os.environ.items()))"],
+                        limits=Limits(wall_s=30))
+    assert res.returncode == 0 and "research-seed-do-not-leak" not in res.stdout
