@@ -249,8 +249,11 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
 
     rl_toml = work / "rl.toml"
     rl_toml.write_text(tomli_w.dumps(rl), encoding="utf-8")
-    # The job's code runs under prime-rl: it gets no API keys of this process.
-    env = {**{k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}, **config.env}
+    # The job's code runs under prime-rl: it gets no API keys of this process, nor the hidden
+    # eval's secret (nestor.tasks.secret; its file is another matter: docs/sandbox.md).
+    env = {**{k: v for k, v in os.environ.items()
+              if not k.endswith("_API_KEY") and k not in ("NESTOR_HIDDEN_SEED", "NESTOR_HOME")},
+           **config.env}
 
     argv = [a.replace("{env_dir}", str(job_dir / "env")) for a in config.install_command]
     if err := _run_install(argv, work, env, config.install_timeout_s, work / "install.log"):
