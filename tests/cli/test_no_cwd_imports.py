@@ -76,8 +76,7 @@ def test_python_dash_m_drops_the_cwd(hostile_job, tmp_path):
 
 @pytest.mark.slow
 def test_validate_train_and_episode_import_nothing_of_the_job(hostile_job, tmp_path):
-    out = _nestor(hostile_job, tmp_path, "job", "validate", ".", "--task", "add", "--json")
-    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    """`job validate` as `python -m` (the console-script form's probe runs in `episode run`)."""
     (hostile_job / "nestor.py").rename(tmp_path / "nestor.py")  # `python -m`: see above
     out = _nestor(hostile_job, tmp_path, "job", "validate", ".", "--task", "add", "--json",
                   module=True)
