@@ -47,6 +47,11 @@ def _is_file_ref(name: str) -> bool:
     return name.endswith(".py") or "/" in name or "\\" in name
 
 
+def module_ref(name: str) -> str:
+    """A plugin reference as it should travel: a file as its absolute path, a dotted name as is."""
+    return str(Path(name).expanduser().resolve()) if _is_file_ref(name) else name
+
+
 def _import_file(name: str):
     """A plugin named by its file: loaded from exactly that file, under a private module name,
     with nothing added to sys.path (so nothing beside it can shadow a library)."""

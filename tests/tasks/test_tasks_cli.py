@@ -64,6 +64,14 @@ def test_module_named_by_file_loads_without_touching_sys_path(monkeypatch, tmp_p
     assert str(tmp_path) not in sys.path and set(sys.path) <= set(before)
 
 
+def test_a_module_file_travels_as_an_absolute_path(monkeypatch, tmp_path):
+    from nestor.tasks.registry import module_ref
+
+    monkeypatch.chdir(tmp_path)
+    assert module_ref("./plugins/my_tasks.py") == str(tmp_path / "plugins" / "my_tasks.py")
+    assert module_ref("my_pkg.my_tasks") == "my_pkg.my_tasks"
+
+
 def test_module_is_not_searched_in_the_cwd(monkeypatch, tmp_path):
     shutil.copy(FIXTURES / "my_tasks.py", tmp_path / "cwd_only_tasks.py")
     monkeypatch.chdir(tmp_path)
