@@ -27,8 +27,24 @@ class Settings(BaseModel):
 
 
 def load_settings(path: Path | None = None) -> Settings:
-    path = path or Path("nestor.toml")
-    if path.is_file():
+    path = path or settings_file()
+    if path is not None and path.is_file():
         with path.open("rb") as fh:
             return Settings.model_validate(tomllib.load(fh).get("nestor", {}))
     return Settings()
+
+
+def settings_file() -> Path | None:
+    """./nestor.toml, unless the cwd is a job's directory: a job's files are not the user's
+    settings (its nestor.toml could name plugin files or a pool job function to import, a
+    pre-score cache or base-model weights of its own). Then None: defaults only."""
+    return None if looks_like_a_job(Path.cwd()) else Path("nestor.toml")
+
+
+def looks_like_a_job(directory: Path) -> bool:
+    """A job's directory, or most of one: config.toml beside an env/ that is not a virtualenv
+    (a project whose venv is called env/ keeps its settings). nestor reads no settings from it."""
+    env = directory / "env"
+    return (directory / "config.toml").exists() and env.is_dir() and \
+        not (env / "pyvenv.cfg").exists()
+

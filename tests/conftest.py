@@ -19,9 +19,12 @@ PERSISTENT_CACHE = Path(os.environ.get("NESTOR_CACHE", Path.home() / ".cache" / 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Each test session gets its own nestor cache (pre-scores, cost matrix)."""
+    """Each test session gets its own nestor cache (pre-scores, cost matrix) and its own
+    hidden-eval secret (never the user's)."""
     cache = tmp_path_factory.getbasetemp() / "nestor-cache"
     monkeypatch.setenv("NESTOR_CACHE", str(cache))
+    monkeypatch.setenv("NESTOR_HOME", str(tmp_path_factory.getbasetemp() / "nestor-home"))
+    monkeypatch.delenv("NESTOR_HIDDEN_SEED", raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@
 Heavy imports (torch, verifiers, ray) happen inside commands, so `nestor --help` stays fast.
 """
 
+import os
+
 import click
 import typer
 import typer.rich_utils
@@ -42,7 +44,12 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print nestor's version and exit.")) -> None:
     """nestor: an agent that writes RL training jobs, trained by their results."""
+    import sys
+
     from nestor.cli.quiet import quiet_console
+
+    # Relative entries (a PYTHONPATH of ":foo" or "."): the cwd, which may be a job's dir.
+    sys.path[:] = [p for p in sys.path if os.path.isabs(p)]
 
     quiet_console()
 

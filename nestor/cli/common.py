@@ -12,8 +12,18 @@ from rich.markup import escape
 
 console = Console(stderr=True)
 
+def _absolute_files(refs: list[str] | None) -> list[str] | None:
+    """A plugin named by its file travels (to pool workers, into job requests) as an absolute
+    path: a worker's cwd is not the user's."""
+    from nestor.tasks.registry import module_ref
+
+    return None if refs is None else [module_ref(r) for r in refs]
+
+
 TasksModuleOpt = typer.Option(
-    None, "--tasks-module", help="Extra task-family module to load (importable from the cwd).")
+    None, "--tasks-module", callback=_absolute_files,
+    help="Extra task-family module: a dotted name (installed or on PYTHONPATH) or a .py file; "
+         "never searched in the current directory.")
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 
 

@@ -11,8 +11,10 @@ difference it can see between probe and training. Two things close that:
    batch of replies (the same tasks, replies and order as the probe's first request) and
    requires the probe's verdicts again (valid, reference beats corrupted); then it mixes a few
    of those reference and corrupted replies into every batch, at random positions, and
-   requires each to score exactly what it scored then. A drift ends the job (`CanaryDrift`,
-   a `failed` job whose log says so).
+   requires each to score exactly what it scored then, and each such batch to take no longer
+   per reply than `max_s_per_reply` of wall time as the trusted side waits for it (a rubric
+   cannot be fast only while probed). A drift ends the job (`CanaryDrift`, a `failed` job
+   whose log says so).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class CanaryConfig(BaseModel):
                         "canaries and the opening re-probe off).")
     tolerance: float = Field(1e-6, ge=0.0, le=1.0, description="Largest difference allowed "
                              "between a canary's reward in training and at the opening probe.")
+    max_s_per_reply: float = Field(
+        0.06, gt=0.0, le=10.0, description="Longest wall time per reply a reward batch may take "
+        "in training, as the trusted side waits for it (3× the probe's 20 ms limit: room for a "
+        "loaded machine, none for a rubric that is fast only while probed).")
 
 
 class CanaryDrift(RuntimeError):
@@ -88,6 +94,8 @@ class CanaryReward:
         for canary in self.rng.choices(self.canaries, k=n) if n else ():
             mixed.insert(self.rng.randint(0, len(mixed)), (canary[0], canary[2], canary))
         batch = self.source.score_batch([m[0] for m in mixed], [m[1] for m in mixed])
+        if n:
+            self._check_time(batch.elapsed_s, len(mixed))
         rewards = []
         for (task, text, canary), r, err in zip(mixed, batch.rewards, batch.errors, strict=True):
             if canary is not None:
@@ -99,6 +107,16 @@ class CanaryReward:
             rewards.append(float(r))
         self.scored += n
         return rewards
+
+    def _check_time(self, elapsed_s: float, replies: int) -> None:
+        """The batch's wall time as the trusted side waited for it (never the job's report)."""
+        per = elapsed_s / max(1, replies)
+        if per > self.config.max_s_per_reply:
+            raise CanaryDrift(f"canary: reward batch {self.batches} of training took "
+                              f"{per * 1000:.0f} ms per reply (limit "
+                              f"{self.config.max_s_per_reply * 1000:.0f} ms; validation allows "
+                              "20): the rubric is slower in training than when probed, so the "
+                              "job is ended as failed")
 
     def _check(self, canary: tuple[int, str, str, float], got: float | None) -> None:
         task, kind, text, want = canary

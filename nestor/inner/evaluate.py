@@ -22,6 +22,7 @@ from nestor.models.sampler import sample
 from nestor.models.testformat import test_format_ids
 from nestor.tasks import TaskRegistry
 from nestor.tasks.hidden import DEFAULT_N, EVAL_VERSION, HiddenEval, hidden_eval
+from nestor.tasks.secret import secret_id
 
 
 class EvalResult(BaseModel):
@@ -144,7 +145,8 @@ def cache_path(model_name: str, model_dir: Path, task_id: str, difficulty: int, 
     from nestor.config import load_settings
 
     key = json.dumps([model_name, weights_fingerprint(model_dir), task_id, EVAL_VERSION,
-                      difficulty, n, *score_key(device), dtype_name(dtype)])
+                      difficulty, n, *score_key(device), dtype_name(dtype),
+                      secret_id()])  # other items under another secret: the hash, never it
     name = hashlib.sha256(key.encode()).hexdigest()[:24]
     return Path(load_settings().cache_dir) / "prescores" / f"{name}.json"
 

@@ -279,8 +279,11 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
         base_dir = resolve_model_dir(job.base_model)
     except ModelNotFoundError:
         base_dir = None  # prime-rl fetches it by HF id; post-scoring then needs it too
-    # The job's code runs under prime-rl: it gets no API keys of this process.
-    env = {**{k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}, **config.env}
+    # The job's code runs under prime-rl: it gets no API keys of this process, nor the hidden
+    # eval's secret (nestor.tasks.secret; its file is another matter: docs/sandbox.md).
+    env = {**{k: v for k, v in os.environ.items()
+              if not k.endswith("_API_KEY") and k not in ("NESTOR_HIDDEN_SEED", "NESTOR_HOME")},
+           **config.env}
     gpus = config.gpus or visible_gpus(env)
     try:
         rl = render_config(job_dir, work / "outputs", str(base_dir) if base_dir else None,
@@ -371,8 +374,11 @@ def load_prime_rl_config(path: Path | None = None) -> PrimeRLConfig:
     worker's cwd is Ray's, so pods point NESTOR_TOML at the file their setup wrote."""
     import tomllib
 
-    path = path or Path(os.environ.get("NESTOR_TOML", "nestor.toml"))
-    if not path.is_file():
+    from nestor.config import settings_file
+
+    path = path or (Path(os.environ["NESTOR_TOML"]) if os.environ.get("NESTOR_TOML")
+                    else settings_file())
+    if path is None or not path.is_file():
         return PrimeRLConfig()
     return PrimeRLConfig.model_validate(tomllib.loads(path.read_text()).get("prime_rl", {}))
 

@@ -220,6 +220,10 @@ def _run_job(request: JobRequest, warm: WarmState | None,
             if (err := memory_check(config, prompts, tokenizer, target.cap_mb,
                                     target.dtype_bytes)):
                 return done("invalid", log_tail=f"memory ({target.describe()}): {err}")
+            from nestor.inner.contamination import contamination_error
+
+            if (err := contamination_error(task, request.difficulty, source.load())):
+                return done("invalid", log_tail=f"data: {err}")
             lap("reward_server_s")
             # The rubric is re-probed and watched with canary replies (inner/canary.py).
             reward = CanaryReward(source, task.spec(request.difficulty), request.canary,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 
 from nestor.job.config import JobConfig
@@ -157,21 +158,70 @@ def _update_bytes(config: JobConfig, P: int, G: int, T: int, Lp: int, s: ModelSh
     return update
 
 
-def longest_prompt(prompts: list[str], tokenizer) -> tuple[int, int]:
-    """(tokens, index) of the longest prompt as the model sees it (chat template included).
-    Token counts grow with characters, so the 16 longest by characters are measured exactly;
-    without a tokenizer, characters plus the template bound a char-level model's count."""
+# Exact token counts are taken for distinct prompts, longest bound first, within this many bytes
+# and this wall time in all; past either, the bound stands (the work a job can cause the
+# trusted process stays small, whatever its prompts).
+MAX_EXACT_BYTES = 4 << 20
+MAX_EXACT_S = 5.0
+JUNCTION_SLACK = 8  # tokens a BPE may re-split where the prompt meets the template's text
+
+
+def _char_level(tokenizer) -> bool:
+    """A token of a byte-level BPE (or a SentencePiece with byte fallback, or a WordPiece)
+    covers at least one UTF-8 byte; one of the char tokenizer (a WordLevel model) at least one
+    character."""
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    return type(model).__name__ == "WordLevel"
+
+
+def prompt_tokens(prompts: list[str], tokenizer) -> tuple[int, int, bool]:
+    """(tokens, index, exact) of the longest prompt as the model sees it (chat template
+    included): an upper bound over every prompt, exact where it was measured.
+
+    Every prompt gets a sound bound (template + its bytes, or characters for the char
+    tokenizer, + JUNCTION_SLACK); prompts are then measured exactly in decreasing order of
+    their bound until none left can exceed the worst measured, within MAX_EXACT_BYTES and
+    MAX_EXACT_S; past those the bound stands. Characters alone are no
+    bound: a short non-Latin prompt can be more tokens than a long Latin one."""
     from nestor.job.dryrun import render_prompt
 
-    longest = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))[:16]
-    if tokenizer is None:
-        return len(prompts[longest[0]]) + TEMPLATE_TOKENS, longest[0]
-    worst, worst_i = 0, 0
-    for i in longest:
-        n = len(render_prompt(tokenizer, prompts[i]))
+    if not prompts:
+        return 0, 0, True
+    if tokenizer is None:  # no tokenizer here: bytes bound every tokenizer we run
+        size = [len(p.encode("utf-8", "surrogatepass")) for p in prompts]
+        i = max(range(len(prompts)), key=size.__getitem__)
+        return size[i] + TEMPLATE_TOKENS, i, False
+    template = len(render_prompt(tokenizer, ""))
+    first: dict[str, int] = {}  # each distinct prompt once
+    for i, p in enumerate(prompts):
+        first.setdefault(p, i)
+    size = {i: len(p.encode("utf-8", "surrogatepass")) for p, i in first.items()}
+    bound = {i: template + (len(prompts[i]) if _char_level(tokenizer) else size[i])
+             + JUNCTION_SLACK for i in size}
+    order = sorted(bound, key=lambda k: -bound[k])
+    worst, worst_i, exact = 0, order[0], True
+    budget, deadline = MAX_EXACT_BYTES, time.monotonic() + MAX_EXACT_S
+    for i in order:
+        if bound[i] <= worst:
+            break  # no prompt left can be longer than the worst one measured
+        budget -= size[i]
+        if budget < 0 or time.monotonic() > deadline:
+            worst, worst_i, exact = bound[i], i, False  # out of budget: the bound stands
+            break
+        try:
+            n = len(render_prompt(tokenizer, prompts[i]))
+        except (TypeError, ValueError):  # text the tokenizer refuses (a lone surrogate)
+            n, exact = bound[i], False
         if n > worst:
             worst, worst_i = n, i
-    return worst, worst_i
+    return worst, worst_i, exact
+
+
+def longest_prompt(prompts: list[str], tokenizer) -> tuple[int, int]:
+    """(tokens, index) of the longest prompt as the model sees it: `prompt_tokens` without
+    saying whether it was measured."""
+    tokens, index, _ = prompt_tokens(prompts, tokenizer)
+    return tokens, index
 
 
 def check(config: JobConfig, prompts: list[str], tokenizer,

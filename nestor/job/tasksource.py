@@ -6,7 +6,8 @@ rewards for completions. The validation probe and the GRPO trainer's reward serv
 it. Every failure of the job's code, or of the child, comes back as a `TaskSourceError` whose
 `stage` says which part of the job to fix.
 
-A warm host serves one job after another: it (see host.py) pays the seconds of `import
+The hosts themselves (start, idle list, retirement) are `nestor.sandbox.hosts`; the zygote is
+`nestor/sandbox/host.py`. A warm host serves one job after another: it pays the seconds of `import
 verifiers` once, and never runs job code in its own process. Each job runs in processes forked
 for it in fresh user, pid, mount, ipc and network namespaces, with a fresh /tmp and /dev/shm,
 no capabilities, the full seccomp filter and pipes of its own (host_ns.py); when it ends, its
@@ -22,44 +23,35 @@ never opened its job goes back to the idle list; one is retired after MAX_JOBS_P
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import math
-import os
 import shutil
-import sys
-import tempfile
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from nestor.job.layout import read_layout
 from nestor.job.safe_read import UnsafeFileError, copy_tree
-from nestor.sandbox import Limits, SandboxedProcess, SandboxError
-from nestor.sandbox.backend import seccomp_in_use
-from nestor.sandbox.seccomp import filter_program
+from nestor.sandbox import Limits, SandboxError
+from nestor.sandbox.hosts import (  # noqa: F401  (re-exported: the host pool)
+    FILTER_IN,
+    GRACE_S,
+    HOST_IN,
+    HOST_NAME,
+    HOST_NS_IN,
+    HOST_SCRIPT,
+    JOBS_IN,
+    TRAIN_LIMITS,
+    _acquire,
+    _idle,
+    _release,
+    _replenish,
+    prewarm,
+    shutdown_hosts,
+)
 
-HOST_SCRIPT = Path(__file__).with_name("host.py")
-HOST_IN = "/opt/nestor/host.py"
-HOST_NS_IN = "/opt/nestor/host_ns.py"  # next to host.py, which loads it from its own directory
-FILTER_IN = "/opt/nestor/seccomp.bpf"  # the full filter, stacked on each job by host_ns.py
-JOBS_IN = "/jobs"
 MAX_TASKS = 20_000
-MAX_IDLE = 2  # idle hosts kept per process
-MAX_JOBS_PER_HOST = 200  # then a host is retired, so that nothing accumulates for ever
-# The host's replies: one small JSON object, at most this deep ({"tasks": [{"prompt": ...}]}).
-MAX_REPLY_DEPTH = 4
-HOST_NAME = "the taskset host"
-GRACE_S = 3.0  # the sandbox's timeout past a request's own: time for the zygote to report
-
-# The trainer's reward server lives as long as the job, so its CPU allowance is generous (the
-# limit is per process, and each job is a fresh child); each request still has its own
-# wall-clock timeout, which is what stops a reward that loops.
-TRAIN_LIMITS = Limits(cpu_s=7200, memory_mb=2048, nproc=64, fsize_mb=16, nofile=256,
-                      wall_s=60, output_bytes=200_000, tmp_mb=64)
 
 
 @dataclass(frozen=True)
@@ -87,183 +79,8 @@ class ScoreBatch:
     rewards: list[float | None]  # None where the job's rubric failed for that item
     errors: list[str | None]
     components: list[dict[str, float]]
-    elapsed_s: float  # time spent in the rubric, inside the child
-
-
-@dataclass
-class _Zygote:
-    process: SandboxedProcess
-    stage: Path  # host dir bound read-only at JOBS_IN; jobs are copied into it
-    limits: Limits
-    fresh_ns: bool  # asked for: jobs in fresh namespaces (the host's hello says if it can)
-    hello: dict = field(default_factory=dict)
-    jobs: int = 0  # jobs opened in it (the host's own count)
-
-    @classmethod
-    def spawn(cls, limits: Limits, fresh_ns: bool = True) -> _Zygote:
-        root = Path(tempfile.mkdtemp(prefix="nestor-host-"))  # stage and filter: ours only
-        stage = root / "jobs"
-        stage.mkdir(mode=0o755)
-        os.chmod(stage, 0o755)  # the sandbox runs as an unprivileged uid
-        binds = {str(HOST_SCRIPT): HOST_IN, str(HOST_SCRIPT.with_name("host_ns.py")): HOST_NS_IN,
-                 str(stage): JOBS_IN}
-        argv = [sys.executable, "-I", HOST_IN, "--tmp-mb", str(limits.tmp_mb)]
-        try:
-            # Fresh namespaces need the full filter to stack on every job: without seccomp
-            # the host is told not to try, and serves one job.
-            fresh_ns = fresh_ns and seccomp_in_use()
-            if fresh_ns:
-                bpf = root / "seccomp.bpf"
-                bpf.write_bytes(filter_program())
-                binds[str(bpf)] = FILTER_IN
-            else:
-                argv.append("--no-fresh-ns")
-            process = SandboxedProcess(argv, ro_binds=binds, limits=limits, cwd="/tmp",
-                                       name=HOST_NAME, max_depth=MAX_REPLY_DEPTH, zygote=fresh_ns)
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
-        return cls(process, stage, limits, fresh_ns)
-
-    @property
-    def alive(self) -> bool:
-        return self.process.alive
-
-    @property
-    def reusable(self) -> bool:
-        """Serves one job after another: each in fresh namespaces (the host checked it can)."""
-        return self.alive and self.hello.get("fresh_ns") is True and \
-            self.jobs < MAX_JOBS_PER_HOST
-
-    def path_inside(self, host_path: Path) -> str:
-        """Where the sandbox sees a staged job (fallback backends cannot remap paths)."""
-        if self.process.backend == "bubblewrap":
-            return f"{JOBS_IN}/{host_path.relative_to(self.stage)}"
-        return str(host_path)
-
-    def wait_ready(self, timeout_s: float) -> dict:
-        if not self.hello:
-            self.hello = self.process.request({"cmd": "hello"}, timeout_s=timeout_s)
-        return self.hello
-
-    def end_job(self, timeout_s: float) -> bool:
-        """Ask the host to end its open job; whether it did so cleanly. The host itself kills
-        the job's pid namespace and answers once nothing of the job runs any more."""
-        try:
-            reply = self.process.request({"cmd": "end"}, timeout_s=timeout_s)
-        except SandboxError:
-            return False
-        return reply.get("ok") is True and reply.get("ended") is True and reply.get("clean") is True
-
-    def close(self) -> None:
-        # No grace: SIGKILL its group (and so its pid namespace).
-        self.process.close(grace_s=0.0)
-        shutil.rmtree(self.stage.parent, ignore_errors=True)
-
-
-_idle: list[_Zygote] = []
-_idle_lock = threading.Lock()
-
-
-# CPU the host spends before its job arrives (interpreter, `import verifiers`, warm-up), on top
-# of the job's own whole-sandbox CPU bound.
-HOST_START_CPU_S = 30.0
-
-
-def host_limits(limits: Limits) -> Limits:
-    """The host's own limits: per-process CPU and memory as generous as any job's (the job's
-    child lowers them to its own); the sandbox as a whole (every process of the job together)
-    is bound by the job's figures, plus the host's start-up CPU."""
-    return limits.model_copy(update={
-        "cpu_s": max(limits.cpu_s, TRAIN_LIMITS.cpu_s),
-        "memory_mb": max(limits.memory_mb, TRAIN_LIMITS.memory_mb),
-        "wall_s": TRAIN_LIMITS.wall_s,
-        "sandbox_cpu_s": limits.total_cpu_s() + HOST_START_CPU_S,
-        "sandbox_memory_mb": limits.total_memory_mb()})
-
-
-def _acquire(limits: Limits, warm: bool, fresh_ns: bool) -> _Zygote:
-    limits = host_limits(limits)
-    if warm:
-        with _idle_lock:
-            while True:
-                z = next((z for z in reversed(_idle)
-                          if z.limits == limits and z.fresh_ns == fresh_ns), None)
-                if z is None:
-                    break
-                _idle.remove(z)
-                if z.alive:
-                    return z
-                z.close()
-    return _spawn(limits, fresh_ns)
-
-
-_spawner = ThreadPoolExecutor(1, thread_name_prefix="nestor-host-spawner")
-
-
-def _spawn(limits: Limits, fresh_ns: bool) -> _Zygote:
-    """Start a host from one long-lived thread: bwrap's --die-with-parent is a parent-death
-    signal tied to the spawning *thread*, and a host now outlives the job (and the thread,
-    e.g. a validation run in a worker thread) it was started for."""
-    try:
-        future = _spawner.submit(_Zygote.spawn, limits, fresh_ns)
-    except RuntimeError:  # interpreter shutdown: no new threads; this one will do
-        return _Zygote.spawn(limits, fresh_ns)
-    return future.result()
-
-
-def _release(z: _Zygote, keep: bool) -> None:
-    """keep: the host may serve another job (it never opened one, or it ended its last one
-    cleanly and gives each job fresh namespaces)."""
-    evicted = None
-    if keep and z.alive:
-        with _idle_lock:
-            _idle.append(z)  # the most recent last: `_acquire` takes it first (it is ready)
-            if len(_idle) <= MAX_IDLE:
-                return
-            evicted = _idle.pop(0)
-    (evicted or z).close()
-
-
-def _replenish(limits: Limits, fresh_ns: bool) -> None:
-    """Start the successor of a host that was killed, unless an idle one is there (a Popen,
-    milliseconds; on the spawner thread, see `_spawn`)."""
-    if sys.is_finalizing():
-        return
-    with contextlib.suppress(Exception):  # only a head start: a real start reports trouble
-        prewarm(limits, fresh_ns=fresh_ns)
-
-
-def prewarm(limits: Limits = TRAIN_LIMITS, *, wait: bool = False,
-            timeout_s: float = Timeouts.start_s, fresh_ns: bool = True) -> bool:
-    """Make sure an idle host for these limits exists (start one if not), so that the next
-    `JobTaskSource(..., warm=True)` skips the start-up; `wait` blocks until it is ready.
-    Returns whether a ready-or-starting host is there."""
-    limits = host_limits(limits)
-    with _idle_lock:
-        z = next((z for z in _idle if z.limits == limits and z.fresh_ns == fresh_ns and z.alive),
-                 None)
-    if z is None:
-        try:
-            z = _spawn(limits, fresh_ns)
-        except SandboxError:
-            return False
-        with _idle_lock:
-            _idle.append(z)
-    if wait:
-        try:
-            z.wait_ready(timeout_s)
-        except SandboxError:
-            return False
-    return True
-
-
-@atexit.register
-def shutdown_hosts() -> None:
-    """Close every idle host (also run at interpreter exit)."""
-    with _idle_lock:
-        while _idle:
-            _idle.pop().close()
+    elapsed_s: float  # wall time of the request, measured here: never the job's own word
+    reported_s: float | None = None  # what the job's server said it took (informative only)
 
 
 def _copy_job(src: Path, dst: Path) -> None:
@@ -434,8 +251,10 @@ class JobTaskSource:
             if not 0 <= int(i) < n:
                 raise ValueError(f"task index {i} out of range (the job has {n} tasks)")
             items.append({"task": int(i), "completion": str(text)})
+        t0 = time.perf_counter()  # the speed of a rubric is what the trusted side waited
         reply = self._request("score", {"cmd": "score", "items": items},
                               timeout_s or self.timeouts.score_s)
+        waited = time.perf_counter() - t0
         if not all(isinstance(reply.get(k), list) and len(reply[k]) == len(items)
                    for k in ("rewards", "errors", "components")):
             self._malformed("score", f"the host answered {len(items)} items with a reply of "
@@ -447,8 +266,8 @@ class JobTaskSource:
                 value, why = _reward_float(r)
                 rewards.append(value)
                 errors[i] = errors[i] or why
-            return ScoreBatch(rewards, errors, [dict(c) for c in reply["components"]],
-                              float(reply["elapsed_s"]))
+            return ScoreBatch(rewards, errors, [dict(c) for c in reply["components"]], waited,
+                              _seconds(reply.get("elapsed_s")))
         except (TypeError, ValueError, KeyError, OverflowError) as exc:
             self._malformed("score", f"the host sent a malformed reply: {exc}")
 
@@ -498,6 +317,13 @@ def _undecodable(tasks: list[dict]) -> str | None:
                         f"{exc.start}: {value[max(0, exc.start - 10):exc.start]!r}…); write "
                         "valid UTF-8 text")
     return None
+
+
+def _seconds(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _limit_hint(message: str, limits: Limits) -> str:

@@ -42,6 +42,7 @@ from nestor.job.memory import (
     longest_prompt,
     memory_error,
     model_shape,
+    prompt_tokens,
 )
 from nestor.job.rubric_probe import RubricProbe, probe_replies
 from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
@@ -319,10 +320,11 @@ def _check_context(tasks: list[dict], config: JobConfig, tokenizer, report: _Rep
     limit = _context_length(config.base_model)
     if tokenizer is None or limit is None:
         return report.add("context", True, f"skipped: no tokenizer for {config.base_model} here")
-    worst, worst_i = longest_prompt([t["prompt"] for t in tasks], tokenizer)
+    worst, worst_i, exact = prompt_tokens([t["prompt"] for t in tasks], tokenizer)
     need = worst + config.max_new_tokens
     if need > limit:
-        return report.add("context", False, f"task {worst_i}'s prompt is {worst} tokens; with "
+        size = "" if exact else "up to "  # too many long prompts to measure: its bytes bound it
+        return report.add("context", False, f"task {worst_i}'s prompt is {size}{worst} tokens; with "
                           f"max_new_tokens={config.max_new_tokens} that is {need}, over "
                           f"{config.base_model}'s context of {limit}; shorten the prompts")
     return report.add("context", True, f"longest prompt {worst} tokens + {config.max_new_tokens} new "

@@ -159,9 +159,11 @@ class PoolConfigError(ValueError):
 
 def load_pool_config(path: Path | None = None, **overrides) -> PoolConfig:
     """`[pool]` from nestor.toml (if present), with non-None keyword overrides on top."""
-    path = path or Path("nestor.toml")
+    from nestor.config import settings_file
+
+    path = path or settings_file()
     data: dict = {}
-    if path.is_file():
+    if path is not None and path.is_file():
         try:
             data = dict(tomllib.loads(path.read_text(encoding="utf-8")).get("pool", {}))
         except tomllib.TOMLDecodeError as exc:

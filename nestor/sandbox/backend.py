@@ -144,6 +144,14 @@ def _package_dir() -> str:
     return str(Path(__file__).resolve().parents[1])
 
 
+def _secret_file() -> str | None:
+    """The hidden-eval secret's file, where it exists (nestor.tasks.secret)."""
+    from nestor.tasks.secret import secret_path
+
+    path = os.path.realpath(secret_path())
+    return path if os.path.isfile(path) else None
+
+
 def _repo_root() -> str:
     return os.path.dirname(_package_dir())
 
@@ -216,6 +224,14 @@ def bwrap_args(binds: list[tuple[str, str]], limits: Limits, cwd: str,
         if _under(pkg, host):
             inside = os.path.normpath(os.path.join(dst, os.path.relpath(pkg, host)))
             args += ["--perms", "0000", "--size", "4096", "--tmpfs", inside]
+    # The hidden-eval secret lives where no sandbox binds; should a bound tree hold it anyway
+    # (NESTOR_HOME inside a venv or a job), it reads as empty there.
+    secret = _secret_file()
+    for host, dst in all_binds:
+        host = os.path.realpath(host)
+        if secret and _under(secret, host):
+            args += ["--ro-bind", "/dev/null",
+                     os.path.normpath(os.path.join(dst, os.path.relpath(secret, host)))]
     args += ["--chdir", cwd]
     if os.geteuid() == 0:
         # Only to let setpriv switch to the unprivileged uid; setpriv then drops every cap.

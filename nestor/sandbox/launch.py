@@ -49,7 +49,7 @@ class Launch:
     backend: str
     uid: int | None
     host_tmp: str | None  # private tmp dir of the fallback backends, removed afterwards
-    pass_fds: tuple[int, ...] = ()  # the seccomp filter's memfd, closed once spawned
+    pass_fds: tuple[int, ...] = ()  # the seccomp filter's and bwrap's options' memfds, closed once spawned
     killed: bool = False  # kill() ran: never signal the (possibly reused) pgid again
     limits: Limits | None = None
     watch: Watch | None = None  # the whole-sandbox CPU and memory bound (bounds.py)
@@ -76,12 +76,16 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
             for host, _ in pairs:
                 share_read_only(host)
         fd = seccomp_fd(zygote)
-        cmd = prlimit_args(limits, nproc_extra=own_process_count()) + bwrap_args(
-            pairs, limits, cwd or "/tmp", fd)
+        wrap = bwrap_args(pairs, limits, cwd or "/tmp", fd)
+        # bwrap's options (host paths of every bind) reach it through a memfd, not its argv:
+        # the sandbox's pid 1 is bwrap, and its /proc/1/cmdline is readable inside.
+        opts = args_fd(wrap[1:-1])
+        cmd = prlimit_args(limits, nproc_extra=own_process_count()) + [
+            wrap[0], "--args", str(opts), "--"]
         if uid is not None:
             cmd += setpriv_args(uid)
         return Launch(cmd + [str(a) for a in argv], env, None, backend, uid, None,
-                      () if fd is None else (fd,), limits=limits)
+                      (opts,) if fd is None else (fd, opts), limits=limits)
 
     # Fallbacks cannot remap paths: strings naming a sandbox path are rewritten to the host path.
     host_tmp = tempfile.mkdtemp(prefix="nestor-sandbox-")
@@ -103,6 +107,18 @@ def prepare(argv: Sequence[str], binds: Binds, limits: Limits, env: Mapping[str,
         cmd += setpriv_args(uid)
     host_cwd = translate(cwd, pairs) if cwd else host_tmp
     return Launch(cmd + argv, env, host_cwd, backend, uid, host_tmp, limits=limits)
+
+
+def args_fd(options: list[str]) -> int:
+    """A memfd holding bwrap's options, NUL-separated (`bwrap --args FD`); close-on-exec,
+    handed on by Popen(pass_fds=...) and closed here once spawned."""
+    fd = os.memfd_create("nestor-bwrap-args")
+    data = b"".join(o.encode() + b"\0" for o in options)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def require_backend() -> str:

@@ -64,7 +64,8 @@ class Family:
     tasks: tuple[TaskDef, ...]
     heldout: bool = False
     # Salt for the hidden-eval generator. Built-in families leave it None: their salts live in
-    # nestor.tasks.hidden. A plugin family supplies its own.
+    # nestor.tasks.hidden. A plugin family supplies its own. Public, like any source: what keeps
+    # the items secret is the installation's secret mixed into every seed (tasks/secret.py).
     hidden_salt: str | None = field(default=None, repr=False)
 
 

@@ -10,11 +10,13 @@ from dataclasses import dataclass
 
 from nestor.tasks.base import normalise
 from nestor.tasks.registry import TaskRef
+from nestor.tasks.secret import keyed_seed
 
-EVAL_VERSION = 1  # bump when items or scoring change: invalidates cached pre-scores
+EVAL_VERSION = 2  # bump when items or scoring change: invalidates cached pre-scores
 DEFAULT_N = 200
 
-# Salts of the built-in families' hidden generators. Never printed, never in a spec.
+# Salts of the built-in families' hidden generators: public (they are in the source); what keeps
+# the items secret is the installation's secret mixed into every seed (nestor.tasks.secret).
 _BUILTIN_SALTS = {
     "strings": "hs-7f3a91",
     "arithmetic": "ha-2c88d0",
@@ -45,11 +47,11 @@ class HiddenEval:
 
 
 def hidden_eval(ref: TaskRef, n: int = DEFAULT_N, difficulty: int = 0) -> HiddenEval:
-    """n distinct items from the task's sampler under a private seed, disjoint from the
+    """n distinct items from the task's sampler under a secret seed, disjoint from the
     spec's worked examples. Small input spaces may hold fewer than n distinct items; then
     items repeat (drawn with replacement) so that n stays as asked."""
     salt = ref.family.hidden_salt or _BUILTIN_SALTS[ref.family.name]
-    rng = random.Random(f"{salt}:{ref.id}:{difficulty}")
+    rng = random.Random(keyed_seed(f"{salt}:{ref.id}:{difficulty}"))
     excluded = {e.input for e in ref.task.examples(difficulty)}
     distinct: list[str] = []
     seen: set[str] = set()

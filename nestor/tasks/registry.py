@@ -1,13 +1,16 @@
 """Finding tasks: the built-in families plus any plugin modules a user names.
 
-A plugin is an importable module with a module-level `FAMILY` (a `Family`) or `FAMILIES`
-(a list of them). Loading never imports `nestor.tasks.hidden`.
+A plugin is a module with a module-level `FAMILY` (a `Family`) or `FAMILIES` (a list of them),
+named by its dotted name (importable from the environment: an installed package, PYTHONPATH)
+or by its file (`./my_tasks.py`). The current directory is never searched. Loading never
+imports `nestor.tasks.hidden`.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,11 +43,43 @@ class TaskRef:
         return render_spec(self.task, self.family, difficulty)
 
 
-def _import_family_module(name: str) -> list[Family]:
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))  # plugins are importable from the current directory
+def _is_file_ref(name: str) -> bool:
+    return name.endswith(".py") or "/" in name or "\\" in name
+
+
+def module_ref(name: str) -> str:
+    """A plugin reference as it should travel: a file as its absolute path, a dotted name as is."""
+    return str(Path(name).expanduser().resolve()) if _is_file_ref(name) else name
+
+
+def _import_file(name: str):
+    """A plugin named by its file: loaded from exactly that file, under a private module name,
+    with nothing added to sys.path (so nothing beside it can shadow a library)."""
+    path = Path(name).expanduser().resolve()
+    if not path.is_file():
+        raise TaskError(f"tasks module file {name!r} does not exist")
+    module_name = f"nestor_plugin_{path.stem}_{abs(hash(str(path))):x}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
     try:
-        module = importlib.import_module(name)
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
+def _import_family_module(name: str) -> list[Family]:
+    # Never from the current directory: nestor is often started inside a job's directory,
+    # and a job's `torch.py` there must not import as the library (docs/sandbox.md). A plugin
+    # is a module importable from the environment, or a file the user names.
+    try:
+        module = _import_file(name) if _is_file_ref(name) else importlib.import_module(name)
+    except TaskError:
+        raise
     except Exception as exc:  # any import-time failure of a user module is a user error
         raise TaskError(f"tasks module {name!r} failed to import: {type(exc).__name__}: {exc}") from None
     families = getattr(module, "FAMILIES", None)

@@ -139,3 +139,53 @@ def test_training_on_a_call_count_rubric_ends_failed(tmp_path):
     assert result.status == "failed", result.log_tail
     assert "canary" in result.log_tail and "when probed" in result.log_tail
     assert result.steps < 8
+
+
+# Slow rubric (50 ms a call) whose server reports 0 ms: job code rewrites the host's own score
+# command (the zygote's module is in the job's memory). With SLOW_AFTER, it is fast while the
+# probe and the opening re-probe score their replies.
+LYING_CLOCK = '''
+import sys, time
+
+CALLS = [0]
+SLOW_AFTER = {slow_after}
+_main = sys.modules["__main__"]
+_score = _main.COMMANDS["score"]
+
+
+def _instant(req):
+    out = _score(req)
+    out["elapsed_s"] = 0.0
+    return out
+
+
+_main.COMMANDS["score"] = _instant
+
+
+def _hostile(reply: str, answer: str):
+    CALLS[0] += 1
+    if CALLS[0] > SLOW_AFTER:
+        time.sleep(0.05)
+    return None
+'''
+
+
+def test_a_rubric_that_lies_about_its_time_fails_the_speed_check(tmp_path):
+    job = make_job(tmp_path / "j", LYING_CLOCK.format(slow_after=0))
+    report = validate_job(job, SPEC, dry_run=False)
+    speed = {c.name: c for c in report.checks}["reward_speed"]
+    assert not speed.ok and "ms per reply" in speed.message, report.summary()
+    with JobTaskSource(job) as source:
+        batch = source.score_batch([0, 1, 2, 3], ["a", "b", "c", "d"])
+        assert batch.reported_s == 0.0 and batch.elapsed_s >= 4 * 0.05
+
+
+def test_canaries_check_time_as_the_trusted_side_waits(tmp_path):
+    # the probe's 16 replies x 2 passes x 2 rewards, and the opening re-probe's: fast
+    job = make_job(tmp_path / "j", LYING_CLOCK.format(slow_after=100))
+    with JobTaskSource(job) as source:
+        reward = CanaryReward(source, SPEC, CanaryConfig(rate=0.05))
+        with pytest.raises(CanaryDrift, match="ms per reply") as err:
+            for idx, texts in _batches(source, 3, size=16):
+                reward(idx, texts)
+    assert "slower in training" in str(err.value) and reward.batches == 1

@@ -276,13 +276,15 @@ def test_pool_entry_point_reads_nestor_toml(job, tmp_path, monkeypatch):
 
 def test_job_code_sees_no_api_keys(job, tmp_path, monkeypatch):
     monkeypatch.setenv("RUNPOD_API_KEY", "secret")
+    monkeypatch.setenv("NESTOR_HIDDEN_SEED", "hidden-seed")  # nor the hidden eval's secret
     cfg = fake_config(tmp_path)
     cfg.command = [sys.executable, "-c", "import os, sys; print('key:', os.environ.get("
-                   "'RUNPOD_API_KEY'), 'home:', os.environ.get('FAKE_PRIME_RL_HOME')); "
-                   "sys.exit(3)", "--"]
+                   "'RUNPOD_API_KEY'), 'home:', os.environ.get('FAKE_PRIME_RL_HOME'), "
+                   "'seed:', os.environ.get('NESTOR_HIDDEN_SEED'), "
+                   "os.environ.get('NESTOR_HOME')); sys.exit(3)", "--"]
     res = run_prime_rl(request(job, tmp_path), cfg)
     assert res.status == "failed" and "exited with code 3" in res.log_tail
-    assert f"key: None home: {tmp_path / 'prime-env'}" in res.log_tail
+    assert f"key: None home: {tmp_path / 'prime-env'} seed: None None" in res.log_tail
 
 
 @pytest.mark.parametrize("visible,gpus,launcher_sees,train_gpus,shared", [

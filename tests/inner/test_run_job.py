@@ -235,3 +235,19 @@ def test_cli_job_train_refuses_a_bad_device_or_dtype_in_one_line(tmp_path):
         res = CliRunner().invoke(app, ["job", "train", str(job), "--task", "reverse", *args])
         assert res.exit_code == 2 and "--device" in res.output and "cuda:N" in res.output
         assert "Traceback" not in res.output
+
+
+def test_a_job_whose_data_is_the_hidden_eval_is_refused_before_training(tmp_path, warm):
+    import json
+
+    from nestor.tasks import TaskRegistry
+    from nestor.tasks.hidden import hidden_eval
+
+    job = make_job(tmp_path)
+    items = hidden_eval(TaskRegistry().get("reverse")).items
+    (job / "data" / "train.jsonl").write_text("".join(
+        json.dumps({"prompt": it.prompt, "answer": it.answer}) + "\n" for it in items))
+    result = run_job(request(job), warm=warm)
+    assert result.status == "invalid" and "hidden eval" in result.log_tail, result.log_tail
+    assert result.steps == 0 and result.post_score is None and result.checkpoint is None
+    assert not any(it.prompt in result.log_tail for it in items)

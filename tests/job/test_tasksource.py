@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from nestor.job import tasksource
 from nestor.job.tasksource import JobTaskSource, TaskSourceError
-from nestor.sandbox import sandbox_backend
+from nestor.sandbox import hosts, sandbox_backend
 
 GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
 
@@ -168,7 +169,7 @@ def test_a_hostile_reply_ends_the_host_with_a_clear_error(tmp_path, reply, needl
 
 
 def test_a_host_is_retired_after_its_last_job(monkeypatch):
-    monkeypatch.setattr(tasksource, "MAX_JOBS_PER_HOST", 1)
+    monkeypatch.setattr(hosts, "MAX_JOBS_PER_HOST", 1)  # the host pool lives in sandbox/
     with JobTaskSource(GOOD) as src:
         assert src.score([0], ["bume"]) == [1.0]
         host = src._zygote
@@ -189,7 +190,7 @@ def test_a_host_that_cannot_unshare_says_so_and_serves_one_job(tmp_path):
     binds = {str(tasksource.HOST_SCRIPT): tasksource.HOST_IN,
              str(tasksource.HOST_SCRIPT.with_name("host_ns.py")): tasksource.HOST_NS_IN,
              str(bpf): tasksource.FILTER_IN, str(stage): tasksource.JOBS_IN}
-    with SandboxedProcess([tasksource.sys.executable, "-I", tasksource.HOST_IN], ro_binds=binds,
+    with SandboxedProcess([sys.executable, "-I", tasksource.HOST_IN], ro_binds=binds,
                           limits=tasksource.TRAIN_LIMITS, cwd="/tmp") as host:
         hello = host.request({"cmd": "hello"}, timeout_s=90)
         assert hello["fresh_ns"] is False and "unshare" in hello["fresh_ns_error"], hello

@@ -1,4 +1,6 @@
 import json
+import shutil
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -39,11 +41,42 @@ def test_show_unknown_task_is_one_line_exit_2():
     assert "Traceback" not in out.output
 
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
 def test_outside_module_shows_up(monkeypatch):
-    monkeypatch.syspath_prepend("tests/fixtures")
+    # an absolute entry: the CLI drops relative ones (they mean the cwd, maybe a job's dir)
+    monkeypatch.syspath_prepend(str(FIXTURES))
     out = runner.invoke(app, ["tasks", "list", "--json", "--tasks-module", "my_tasks"])
     assert out.exit_code == 0, out.output
     assert "echo" in {r["id"] for r in json.loads(out.stdout)}
+
+
+def test_module_named_by_file_loads_without_touching_sys_path(monkeypatch, tmp_path):
+    import sys
+
+    shutil.copy(FIXTURES / "my_tasks.py", tmp_path / "my_tasks.py")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    out = runner.invoke(app, ["tasks", "list", "--json", "--tasks-module", "./my_tasks.py"])
+    assert out.exit_code == 0, out.output
+    assert "echo" in {r["id"] for r in json.loads(out.stdout)}
+    assert str(tmp_path) not in sys.path and set(sys.path) <= set(before)
+
+
+def test_a_module_file_travels_as_an_absolute_path(monkeypatch, tmp_path):
+    from nestor.tasks.registry import module_ref
+
+    monkeypatch.chdir(tmp_path)
+    assert module_ref("./plugins/my_tasks.py") == str(tmp_path / "plugins" / "my_tasks.py")
+    assert module_ref("my_pkg.my_tasks") == "my_pkg.my_tasks"
+
+
+def test_module_is_not_searched_in_the_cwd(monkeypatch, tmp_path):
+    shutil.copy(FIXTURES / "my_tasks.py", tmp_path / "cwd_only_tasks.py")
+    monkeypatch.chdir(tmp_path)
+    out = runner.invoke(app, ["tasks", "list", "--json", "--tasks-module", "cwd_only_tasks"])
+    assert out.exit_code == 2 and "No module named 'cwd_only_tasks'" in out.output
 
 
 def test_broken_module_is_one_line_error():

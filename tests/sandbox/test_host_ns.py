@@ -9,7 +9,7 @@ import pytest
 
 from nestor.sandbox import SandboxedProcess, sandbox_backend
 
-HOST_NS = Path(__file__).resolve().parents[2] / "nestor" / "job" / "host_ns.py"
+HOST_NS = Path(__file__).resolve().parents[2] / "nestor" / "sandbox" / "host_ns.py"
 SCRIPT = """
 import json, os, sys
 sys.path.insert(0, "/opt/nestor")
