@@ -14,7 +14,7 @@ from nestor.job.tasksource import Timeouts, prewarm
 from nestor.job.validate import PROBE_LIMITS, validate_job
 from nestor.sandbox import sandbox_backend
 from nestor.tasks import TaskRegistry
-from tests.sandbox.sandbox_helpers import processes_with
+from tests.sandbox.sandbox_helpers import host_listener, processes_with
 
 GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
 SPEC = TaskRegistry().get("reverse").spec()
@@ -99,8 +99,10 @@ def test_reads_outside_the_job_fail(tmp_path):
 
 @pytest.mark.skipif(sandbox_backend() == "rlimits", reason="the rlimits fallback has no netns")
 def test_network_is_unreachable(tmp_path):
-    job = make_job(tmp_path / "j", at_import="socket.create_connection(('1.1.1.1', 80), 1)")
-    check(job, "imports", "OSError")
+    with host_listener() as port:  # reachable from here: the sandbox alone must be what blocks
+        job = make_job(tmp_path / "j",
+                       at_import=f"socket.create_connection(('127.0.0.1', {port}), 2)")
+        check(job, "imports", "OSError")
 
 
 @pytest.mark.skipif(sandbox_backend() != "bubblewrap",

@@ -6,7 +6,7 @@ import textwrap
 import time
 
 import pytest
-from sandbox_helpers import PY, processes_with
+from sandbox_helpers import PY, host_listener, processes_with
 
 from nestor.sandbox import Limits, SandboxedProcess, SandboxError, run_sandboxed, sandbox_backend
 from nestor.sandbox import backend as backend_mod
@@ -167,15 +167,17 @@ def test_rlimits_fallback_translates_binds_and_warns_once(forced_backend, job_di
                     reason="unshare --net is not permitted here")
 def test_unshare_fallback_has_no_network(forced_backend):
     forced_backend("unshare-unsafe")
-    r = run_sandboxed([PY, "-c", textwrap.dedent("""
-        import socket
-        try:
-            socket.create_connection(("1.1.1.1", 53), timeout=2)
-            print("CONNECTED")
-        except OSError as e:
-            print("BLOCKED", e.errno)
-    """)])
-    assert r.ok and r.backend == "unshare" and "BLOCKED" in r.stdout
+    with host_listener() as port:  # reachable from here: the sandbox alone must be what blocks
+        r = run_sandboxed([PY, "-c", textwrap.dedent(f"""
+            import socket
+            try:
+                socket.create_connection(("127.0.0.1", {port}), timeout=2)
+                print("CONNECTED")
+            except OSError as e:
+                print("BLOCKED", type(e).__name__)
+        """)])
+    assert r.ok and r.backend == "unshare", r
+    assert "BLOCKED" in r.stdout and "CONNECTED" not in r.stdout
 
 
 def test_unknown_forced_backend_is_a_clear_error(forced_backend):
