@@ -141,7 +141,8 @@ def test_stray_stdout_does_not_corrupt_the_protocol(tmp_path):
     job = make_job(tmp_path / "j", at_import="print('hello'); os.write(1, b'{not json}\\n')",
                    reward="print(reply); return float(reply == self.data.answer)")
     report = validate_job(job, SPEC, timeouts=SHORT, dry_run=False)
-    assert report.failed() == [] or [c.name for c in report.failed()] == ["reference_beats_corrupted"]
+    # the prints change no reward: the job is good-reverse's, and validates as it does
+    assert report.passed, report.summary()
     assert {c.name for c in report.checks} >= {"rewards_valid", "deterministic"}
 
 
