@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nestor.policy.base import Message, Observation, TrainItem, Turn
+from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
 from nestor.policy.chat import parse_assistant
 from nestor.policy.lm import LMPolicy, importance_sampling_loss, token_logprobs
 
@@ -50,7 +50,7 @@ def test_parse_tool_calls_and_malformed():
     msg, err = parse_assistant('ok <tool_call>{"name": "write_file", "arguments": '
                                '{"path": "a"}}</tool_call>')
     assert err is None and msg.content == "ok"
-    assert msg.tool_calls[0].name == "write_file" and msg.tool_calls[0].arguments == {"path": "a"}
+    assert msg.tool_calls == [ToolCall("write_file", {"path": "a"}, "call_0")]
     msg, err = parse_assistant('<tool_call>{"name": "write_file", "arguments": {"pa</tool_call>')
     assert msg.tool_calls == [] and "not valid JSON" in err and "<tool_call>" in err
     _, err = parse_assistant('<tool_call>{"arguments": {}}</tool_call>')

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tinker import types
 
-from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
+from nestor.policy.base import Message, Observation, TrainItem, Turn
 from nestor.policy.tinker import TinkerPolicy, TinkerPolicyError, turn_datum
 from nestor.policy.tinker_local import LocalService
 
@@ -76,10 +76,3 @@ def test_training_step_on_local_service(tmp_path):
     assert again.version == 1
     state = dict(again.training.policy.model.named_parameters())
     assert all(torch.equal(state[k], v) for k, v in model.named_parameters() if v.requires_grad)
-
-
-def test_tool_call_turn_parses(monkeypatch):
-    from nestor.policy.chat import parse_assistant
-
-    msg, err = parse_assistant('<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
-    assert err is None and msg.tool_calls == [ToolCall("submit", {}, "call_0")]
