@@ -54,38 +54,45 @@ def test_task_order_is_balanced_and_pure():
 
 
 def test_straggler_does_not_stall_training(tmp_path):
-    calls = []
-    # Group 0's first episode is 10x slower than every other one.
-    fn = make_episode_fn(delay=0.05, slow={(0, 0): 10.0}, calls=calls,
+    calls, held = [], {}
+    # Group 0's first episode ends only once the policy has trained 3 steps without it: a loop
+    # that waited for it would never get there. (Its wall-clock twin: benchmarks/outer_straggler.py.)
+    fn = make_episode_fn(delay=0.01, hold={(0, 0): 3}, held=held, calls=calls,
                          reward_fn=lambda arm, t: float(t.slot))  # never zero-variance
     loop = OuterLoop(cfg(steps=30), BanditPolicy(), fn, tmp_path)
     rows = loop.run()
     assert [r["step"] for r in rows] == list(range(1, 31))
+    released, started = held[(0, 0)]
+    assert released, "training stalled behind the straggler"
+    # The loop kept launching while the straggler ran: 3 steps of 2 episodes, and more
+    assert started >= 1 + 6
     # Other groups were trained on while group 0 waited for its straggler ...
     step_of_group0 = next(r["step"] for r in rows if 0 in r["group_ids"])
     assert step_of_group0 >= 4
     # ... and group 0 was then trained on with its recorded (stale) sampling logprobs.
     assert rows[step_of_group0 - 1]["staleness_max"] >= 3
     assert rows[step_of_group0 - 1]["groups_used"] == 1
-    # The loop kept launching while the straggler ran: more episodes started than in-flight cap.
-    straggler_start = next(t for tk, _, t in calls if (tk.group_id, tk.slot) == (0, 0))
-    started_during = [c for c in calls if straggler_start < c[2] < straggler_start + 0.45]
-    assert len(started_during) >= 6
     # Episodes were started under several policy versions.
     assert len({v for _, v, _ in calls}) >= 3
 
 
 def test_stale_groups_dropped_or_kept_are_counted(tmp_path):
-    fn = make_episode_fn(delay=0.03, slow={(0, 0): 12.0},
-                         reward_fn=lambda arm, t: float(t.slot))
-    rows = OuterLoop(cfg(steps=5, max_steps_off_policy=0, stale_groups="drop"), BanditPolicy(),
-                     fn, tmp_path / "drop").run()
-    assert sum(r["stale_groups_dropped"] for r in rows) >= 1
-    assert sum(r["groups_used"] for r in rows) == 5 - sum(r["stale_groups_dropped"] for r in rows)
-    rows = OuterLoop(cfg(steps=5, max_steps_off_policy=0, stale_groups="reweight"),
-                     BanditPolicy(), fn, tmp_path / "keep").run()
-    assert sum(r["stale_groups_kept"] for r in rows) >= 1
-    assert sum(r["groups_used"] for r in rows) == 5
+    # group 0's straggler ends after 2 updates: its group is stale by at least 2 when complete
+    for mode in ("drop", "reweight"):
+        held = {}
+        fn = make_episode_fn(delay=0.01, hold={(0, 0): 2}, held=held,
+                             reward_fn=lambda arm, t: float(t.slot))
+        rows = OuterLoop(cfg(steps=5, max_steps_off_policy=0, stale_groups=mode), BanditPolicy(),
+                         fn, tmp_path / mode).run()
+        assert held[(0, 0)][0], "training stalled behind the straggler"
+        dropped = sum(r["stale_groups_dropped"] for r in rows)
+        kept = sum(r["stale_groups_kept"] for r in rows)
+        if mode == "drop":
+            assert dropped >= 1 and kept == 0
+            assert sum(r["groups_used"] for r in rows) == 5 - dropped
+        else:
+            assert kept >= 1 and dropped == 0
+            assert sum(r["groups_used"] for r in rows) == 5
 
 
 def test_zero_variance_groups_contribute_nothing(tmp_path):
