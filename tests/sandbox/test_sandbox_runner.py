@@ -1,7 +1,6 @@
 """The runner's API: results, limits, the JSON-lines SandboxedProcess, and the fallbacks."""
 
 import logging
-import sys
 import textwrap
 import time
 
@@ -185,8 +184,3 @@ def test_unknown_forced_backend_is_a_clear_error(forced_backend):
     with pytest.raises(ValueError, match="expected one of bubblewrap, unshare-unsafe, rlimits-unsafe"):
         sandbox_backend()
 
-
-def test_spawn_is_fast_enough():
-    # the probe runs several children per job: the sandbox must not dominate its time budget
-    r = run_sandboxed([sys.executable, "-c", "pass"])
-    assert r.ok and r.elapsed_s < 2.0
