@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -164,43 +165,57 @@ def test_concurrent_episodes_share_a_policy_and_a_ledger(ledger):
         assert ws.read_text() == "x = 1"  # each episode has its own workspace
 
 
-def test_a_probe_that_could_not_run_does_not_cost_an_attempt(ledger, monkeypatch):
+GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
+LAYOUT = {str(p.relative_to(GOOD)): p.read_text() for p in sorted(GOOD.rglob("*"))
+          if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _slow_to_start(monkeypatch, first: int | None = None) -> list[int]:
+    """The real probe, whose sandbox is given 10 ms to start (the first `first` probes, or all):
+    a real harness failure. Returns the list that counts the probes."""
+    import functools
+
     import nestor.job.validate as validate
+    from nestor.job.tasksource import Timeouts
 
-    real, calls_made = validate.validate_job, []
+    real, made = validate.validate_job, []
+    cold = functools.partial(real, warm=False, timeouts=Timeouts(start_s=0.01))
 
-    def flaky(*args, **kwargs):  # the first two probes: the sandbox did not start in time
-        calls_made.append(1)
-        if len(calls_made) <= 2:
-            return validate.ValidationReport(passed=False, elapsed_s=60.0, harness_failure=True,
-                                             checks=[validate.Check(
-                                                 name="imports", ok=False,
-                                                 message="the sandbox did not start")])
-        return real(*args, **kwargs)
+    def probe(*args, **kwargs):
+        made.append(1)
+        return (cold if first is None or len(made) <= first else real)(*args, **kwargs)
 
-    monkeypatch.setattr(validate, "validate_job", flaky)
-    pol = Scripted([calls(("submit", {}))], repeat_last=True)
+    monkeypatch.setattr(validate, "validate_job", probe)
+    return made
+
+
+def _write_layout_and_submit(obs: Observation) -> Turn:
+    return calls(*[("write_file", {"path": p, "content": c}) for p, c in LAYOUT.items()],
+                 ("submit", {}))(obs)
+
+
+def test_a_probe_that_could_not_run_does_not_cost_an_attempt(ledger, monkeypatch):
+    made = _slow_to_start(monkeypatch, first=2)
+    pol = Scripted([_write_layout_and_submit, calls(("submit", {})),
+                    # a second package: the third probe's verdict is the job's own
+                    calls(("write_file", {"path": "env/other/__init__.py", "content": ""}),
+                          ("submit", {}))])
     rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_attempts=1))
-    texts = [m.content for m in rec.messages if m.role == "tool"]
-    assert "does not count as an attempt" in texts[0] and "does not count" in texts[1]
-    # the third probe is real (no files: it fails) and is the one counted attempt
+    texts = [m.content for m in rec.messages if m.role == "tool" and "validation" in m.content]
+    assert all("the sandbox" in t and "does not count as an attempt" in t for t in texts[:2])
+    # the third probe (full strength) is the one counted attempt
     assert texts[2].startswith("validation failed (attempt 1 of 1)") and "FAIL files:" in texts[2]
-    assert rec.end_reason == "invalid" and len(calls_made) == 3
+    assert "2 packages" in texts[2]
+    assert rec.end_reason == "invalid" and len(made) == 3
 
 
 def test_harness_failures_are_capped(ledger, monkeypatch):
-    import nestor.job.validate as validate
-
-    def broken(*args, **kwargs):
-        return validate.ValidationReport(passed=False, elapsed_s=1.0, harness_failure=True,
-                                         checks=[validate.Check(name="probe", ok=False,
-                                                                message="crashed")])
-
-    monkeypatch.setattr(validate, "validate_job", broken)
-    pol = Scripted([calls(("submit", {}))], repeat_last=True)
+    made = _slow_to_start(monkeypatch)
+    pol = Scripted([_write_layout_and_submit, calls(("submit", {}))], repeat_last=True)
     rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_attempts=2))
     # two free probes, then two counted attempts: no episode loops for ever on our trouble
-    assert rec.end_reason == "invalid" and rec.attempts == 4
+    assert rec.end_reason == "invalid" and rec.attempts == 4 and len(made) == 4
+    assert all(r.harness_failure for r in rec.reports)
 
 
 @pytest.mark.parametrize("plant", ["fifo", "link"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -208,12 +207,10 @@ def test_a_lora_adapter_on_a_bf16_base_stays_unmerged_and_loads_as_trained(tmp_p
 
 
 def test_no_progress_ends_with_timeout(job, tmp_path):
-    t0 = time.monotonic()
     res = run_prime_rl(request(job, tmp_path), fake_config(tmp_path, "stall",
                                                            stall_timeout_s=1.5))
-    assert res.status == "timeout" and res.steps == 2
+    assert res.status == "timeout" and res.steps == 2  # ended by the stall rule: its message
     assert "no progress for 1.5s" in res.log_tail and "Step 2" in res.log_tail
-    assert time.monotonic() - t0 < 30
 
 
 def test_silent_start_ends_with_timeout(job, tmp_path):

@@ -14,7 +14,7 @@ from nestor.job.tasksource import Timeouts, prewarm
 from nestor.job.validate import PROBE_LIMITS, validate_job
 from nestor.sandbox import sandbox_backend
 from nestor.tasks import TaskRegistry
-from tests.sandbox.sandbox_helpers import processes_with
+from tests.sandbox.sandbox_helpers import host_listener, processes_with
 
 GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
 SPEC = TaskRegistry().get("reverse").spec()
@@ -99,8 +99,10 @@ def test_reads_outside_the_job_fail(tmp_path):
 
 @pytest.mark.skipif(sandbox_backend() == "rlimits", reason="the rlimits fallback has no netns")
 def test_network_is_unreachable(tmp_path):
-    job = make_job(tmp_path / "j", at_import="socket.create_connection(('1.1.1.1', 80), 1)")
-    check(job, "imports", "OSError")
+    with host_listener() as port:  # reachable from here: the sandbox alone must be what blocks
+        job = make_job(tmp_path / "j",
+                       at_import=f"socket.create_connection(('127.0.0.1', {port}), 2)")
+        check(job, "imports", "OSError")
 
 
 @pytest.mark.skipif(sandbox_backend() != "bubblewrap",
@@ -139,7 +141,8 @@ def test_stray_stdout_does_not_corrupt_the_protocol(tmp_path):
     job = make_job(tmp_path / "j", at_import="print('hello'); os.write(1, b'{not json}\\n')",
                    reward="print(reply); return float(reply == self.data.answer)")
     report = validate_job(job, SPEC, timeouts=SHORT, dry_run=False)
-    assert report.failed() == [] or [c.name for c in report.failed()] == ["reference_beats_corrupted"]
+    # the prints change no reward: the job is good-reverse's, and validates as it does
+    assert report.passed, report.summary()
     assert {c.name for c in report.checks} >= {"rewards_valid", "deterministic"}
 
 
@@ -303,7 +306,8 @@ def test_a_job_cannot_take_over_the_next_jobs_host(tmp_path, ask):
             time.sleep(0.05)  # double fork and exec: it may come after the reply
         assert processes_with(marker), "the daemon did not start"
         host = src._zygote
-    assert _gone(marker, within_s=0.5), "job A's daemon outlived its job"
+    # killed with job A's namespaces (a generous bound: gone, not merely slow to go)
+    assert _gone(marker, within_s=10), "job A's daemon outlived its job"
     with JobTaskSource(GOOD) as src:  # the next job: served by genuine code, honest rewards
         assert src.score_batch([0, 0], ["bume", ""]).rewards == [1.0, 0.0]
         warm = src._zygote is host

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ class BanditPolicy:
         self.gen = torch.Generator().manual_seed(seed)
         self.clip_ratio = clip_ratio
         self.version = 0
+        self.trained = threading.Condition()  # notified at each new version
 
     def act(self, obs: Observation) -> Turn:
         with torch.no_grad():
@@ -49,7 +51,9 @@ class BanditPolicy:
                                                self.clip_ratio)
         (loss / len(batch)).backward()
         self.opt.step()
-        self.version += 1
+        with self.trained:
+            self.version += 1
+            self.trained.notify_all()
         return {"loss": float(loss.detach()), **stats}
 
     def save(self, path: Path) -> None:
@@ -66,9 +70,14 @@ class BanditPolicy:
         self.gen.set_state(state["gen"])
 
 
-def make_episode_fn(delay: float = 0.02, slow: dict | None = None, reward_fn=None, calls=None):
-    """slow: {(group_id, slot): factor}; calls: a list that gets (ticket, start version)."""
-    slow = slow or {}
+def make_episode_fn(delay: float = 0.02, slow: dict | None = None, reward_fn=None, calls=None,
+                    hold: dict | None = None, held: dict | None = None):
+    """slow: {(group_id, slot): factor}; calls: a list that gets (ticket, start version, time).
+    hold: {(group_id, slot): version}: that episode ends only once the policy has reached the
+    version (a straggler defined by the loop's progress, not by a clock); held gets, for each,
+    whether it was released (False: the loop never got there in 60 s) and how many episodes
+    had started by then."""
+    slow, hold = slow or {}, hold or {}
 
     def episode(policy, ticket) -> EpisodeSummary:
         version = policy.version
@@ -76,6 +85,11 @@ def make_episode_fn(delay: float = 0.02, slow: dict | None = None, reward_fn=Non
         if calls is not None:
             calls.append((ticket, version, time.monotonic()))
         time.sleep(delay * slow.get((ticket.group_id, ticket.slot), 1.0))
+        if (key := (ticket.group_id, ticket.slot)) in hold:
+            with policy.trained:
+                released = policy.trained.wait_for(lambda: policy.version >= hold[key], 60)
+            if held is not None:
+                held[key] = (released, len(calls) if calls is not None else None)
         arm = turn.action_ids[0]
         reward = reward_fn(arm, ticket) if reward_fn else float(arm == GOOD_ARM)
         return EpisodeSummary(ticket.group_id, ticket.slot, ticket.task_id, reward, version,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nestor.job.config import load_job_config
+from nestor.job.config import JobConfig, load_job_config
 from nestor.policy.base import Message, Observation, Policy, TrainItem, Turn
 from nestor.policy.composer import Composer, ComposerConfig
 from nestor.policy.composer_decisions import (
@@ -61,7 +61,19 @@ def test_first_turn_writes_a_complete_job_from_a_naive_prior(tmp_path):
     assert files == ["config.toml", "data/train.jsonl", "env/composed_reverse/__init__.py",
                      "env/pyproject.toml"]
     cfg = load_job_config(tmp_path / "config.toml")  # the TOML it writes parses and validates
-    assert cfg == comp.job_config(REG.get("reverse").spec(), plan["choices"], plan["data_seed"])
+    # seed 3's draw: tiny-s, tune, and these knobs (the rest at the scaffold's choice)
+    assert plan["values"] == {**plan["values"], "base_model": "tiny-s", "config_mode": "tune",
+                              "max_new_tokens": "double_spec", "group_size": 4, "lora_rank": 32,
+                              "lora_alpha": 64, "clip_ratio": 0.4, "kl_coef": 0.02,
+                              "skip_zero_variance": False, "prompts_per_step": "scaffold",
+                              "learning_rate": "scaffold"}
+    # worked by hand: reverse answers in ≤ 12 tokens, doubled: 24; tiny-s's learning rate
+    # 3e-4 (the registry's LR_DEFAULTS); the scaffold's 16 prompts; max_steps fits the 40,000-token
+    # budget: 40_000 // (16 × 4 × 24) = 26; every other knob JobConfig's default
+    assert cfg == JobConfig(base_model="tiny-s", learning_rate=3e-4, max_steps=26,
+                            prompts_per_step=16, group_size=4, max_new_tokens=24,
+                            lora_rank=32, lora_alpha=64, clip_ratio=0.4, kl_coef=0.02,
+                            skip_zero_variance=False, seed=plan["data_seed"])
 
 
 def comp_plan(turn) -> dict:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nestor.policy.base import Message, Observation, TrainItem, Turn
+from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
 from nestor.policy.chat import parse_assistant
 from nestor.policy.lm import LMPolicy, importance_sampling_loss, token_logprobs
 
@@ -13,16 +13,14 @@ TOOLS = [{"type": "function", "function": {
 
 
 def tiny_agent(seed: int = 0, bundled: bool = True, **kwargs) -> LMPolicy:
-    """tiny-m when its weights are bundled (and wanted), else a random tiny Qwen3 with the
-    same char tokenizer and chat template."""
+    """tiny-m (its weights are bundled: failing to load them fails the test), or with
+    `bundled=False` a random tiny Qwen3 with the same char tokenizer and chat template."""
     torch.manual_seed(seed)
-    try:
-        if not bundled:
-            raise LookupError
+    if bundled:
         from nestor.models.registry import load_model
 
         model, tok = load_model("tiny-m")
-    except Exception:
+    else:
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         from nestor.models.tokenizer import build_char_tokenizer
@@ -52,7 +50,7 @@ def test_parse_tool_calls_and_malformed():
     msg, err = parse_assistant('ok <tool_call>{"name": "write_file", "arguments": '
                                '{"path": "a"}}</tool_call>')
     assert err is None and msg.content == "ok"
-    assert msg.tool_calls[0].name == "write_file" and msg.tool_calls[0].arguments == {"path": "a"}
+    assert msg.tool_calls == [ToolCall("write_file", {"path": "a"}, "call_0")]
     msg, err = parse_assistant('<tool_call>{"name": "write_file", "arguments": {"pa</tool_call>')
     assert msg.tool_calls == [] and "not valid JSON" in err and "<tool_call>" in err
     _, err = parse_assistant('<tool_call>{"arguments": {}}</tool_call>')

@@ -37,9 +37,11 @@ def behave_job(request: JobRequest, *, warm: CountingWarm | None = None) -> JobR
         atexit.register(Path(spec["atexit_marker"]).write_text, "clean exit")
     if spec.get("die_always"):
         os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.time()  # wall clock: comparable across worker processes
     time.sleep(float(spec.get("sleep", 0.0)))
     return JobResult(status="ok", steps=warm.jobs if warm else 0,
-                     metrics=[{"pid": os.getpid(), "task": request.task_id,
+                     metrics=[{"pid": os.getpid(), "task": request.task_id, "t0": t0,
+                               "t1": time.time(),
                                "preloaded": warm.preloaded if warm else None,
                                "warm_options": warm.options if warm else None}])
 

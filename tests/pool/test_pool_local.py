@@ -26,14 +26,14 @@ def test_jobs_run_in_parallel_on_warm_workers(make_job, pool_config):
     with make_pool(pool_config(workers=2)) as pool:
         assert isinstance(pool, Pool) and pool.capacity() == 2
         assert pool.wait_ready(60)
-        t0 = time.monotonic()
         futures = [pool.submit(JobRequest(job_dir=job, task_id="reverse")) for _ in range(4)]
         results = [f.result(timeout=30) for f in futures]
-        elapsed = time.monotonic() - t0
     assert [r.status for r in results] == ["ok"] * 4
     assert {r.worker for r in results} == {"local/0", "local/1"}
-    # 4 jobs of 0.6 s on 2 workers: two rounds (1.2 s), not four (2.4 s)
-    assert elapsed < 2.2, elapsed
+    # the two workers' jobs overlapped in time (the speed-up itself: benchmarks/pool_scaling.py)
+    spans = {w: [(r.metrics[0]["t0"], r.metrics[0]["t1"]) for r in results if r.worker == w]
+             for w in ("local/0", "local/1")}
+    assert any(a0 < b1 and b0 < a1 for a0, a1 in spans["local/0"] for b0, b1 in spans["local/1"])
     # the warm state outlives a job: each worker's counter reached 2
     assert sorted(r.steps for r in results) == [1, 1, 2, 2]
     assert len({r.metrics[0]["pid"] for r in results}) == 2
@@ -117,9 +117,10 @@ def test_cheapest_type_first_then_fallback_in_cost_order(pool_config, make_job):
         ra, rb, rc = (f.result(timeout=30) for f in (a, b, c))
     assert (ra.worker, rb.worker) == ("cheap/0", "dear/0")
     assert rc.worker == "dear/0" and rc.status == "ok"
-    # cost = seconds held x price per hour: ~1 s at $3.6/h and at $36/h
-    assert 0.0009 < ra.cost_usd < 0.003, ra.cost_usd
-    assert 0.009 < rb.cost_usd < 0.03, rb.cost_usd
+    # cost = seconds held x price per hour: each held its worker for its 1 s sleep at least
+    # (no upper bound on a loaded machine's hold: a generous 10 s catches a price off by 10x)
+    assert 3.6 / 3600 <= ra.cost_usd < 10 * 3.6 / 3600, ra.cost_usd
+    assert 36 / 3600 <= rb.cost_usd < 10 * 36 / 3600, rb.cost_usd
 
 
 def test_workers_warm_up_their_models_before_the_first_job(pool_config, make_job):
@@ -180,15 +181,12 @@ def test_shutdown_resolves_queued_jobs_as_lost(pool_config, make_job):
 @pytest.mark.slow
 def test_real_tiny_job_on_a_warm_worker(tmp_path):
     """The real inner loop (nestor.inner.run) on the example job, with very few steps."""
-    pytest.importorskip("nestor.inner.run", reason="the inner loop is not in this tree yet")
     import shutil
     from pathlib import Path
 
     from nestor.pool import PoolConfig
 
     src = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
-    if not src.is_dir():
-        pytest.skip("examples/jobs/good-reverse is not in this tree yet")
     job = tmp_path / "job"
     shutil.copytree(src, job)
     cfg = job / "config.toml"

