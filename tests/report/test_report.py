@@ -113,7 +113,7 @@ def test_runs_list_and_show(tmp_path):
     assert shown["heldout"]["trained"]["step"] == 3
     text = runner.invoke(app, ["runs", "show", str(tmp_path / "runs" / "a")],
                          env={"COLUMNS": "160"}).stdout
-    assert "12 ok of 16" in text and "0.260 (n = 4, step 3)" in text  # held-out trained at step 3
+    assert "12 of 16 (12 finished ok)" in text and "0.260 (n = 4, step 3)" in text  # held-out trained at step 3
     assert not re.search(r"\d\.\d{5,}", text) and "{" not in text
 
 
@@ -123,7 +123,7 @@ def test_runs_compare_table_plot_and_json(tmp_path):
     out = runner.invoke(app, ["runs", "compare", str(a), str(b)], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     assert "reward curve" in out.stdout and "▁▃▅█" in out.stdout  # a's rising curve
-    assert "12 ok of 16" in out.stdout and "6 ok of 8" in out.stdout
+    assert "12 of 16 (12 finished ok)" in out.stdout and "6 of 8 (6 finished ok)" in out.stdout
     plot = a / "report" / "compare-with-b.png"
     assert plot.stat().st_size > 5_000
     shown = json.loads(runner.invoke(app, ["runs", "compare", str(a), str(b), "--json",
