@@ -168,3 +168,54 @@ def test_headline_says_not_enough_data(tmp_path):
     rows = {r["key"]: r for r in headline(RunData.load(run))}
     assert rows["reward"]["mark"] == "not enough data" and rows["reward"]["verdict"] == ""
     assert "not enough data" in write_report(run).read_text()
+
+
+def test_runs_list_tells_each_kind_apart(tmp_path):
+    # a training run, a `bench agents` dir, an `episode run` dir and a job checkpoint side by
+    # side: each gets its kind; none is "no steps yet"; the checkpoint is no 20-step run
+    from nestor.ledger import Ledger
+
+    root = tmp_path / "runs"
+    make_run(root / "train-20261203-101010", steps=3)
+    for name, group in (("bench-20261203-101010", "bench:openai:m"),
+                        ("bench-20261203-101011", "bench:openai:m"),
+                        ("episode-20261203-101010", None)):
+        with Ledger(root / name) as ledger:
+            ledger.start_episode("e1", task_id="add", family="arithmetic", difficulty=0,
+                                 policy="openai:m", policy_version=0, config={}, group_id=group)
+            ledger.finish_episode("e1", end_reason="policy_error", reward=0.0, components={})
+    job = root / "job-20261203-101010"
+    job.mkdir()
+    (job / "nestor_job.json").write_text(json.dumps({"task_id": "add", "steps": 20}))
+    (job / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward_mean": 0.1}) + "\n"
+                                               for i in range(20)))
+    rows = {r["name"]: r for r in json.loads(runner.invoke(app, ["runs", "list", str(root),
+                                                                 "--json"]).stdout)}
+    assert {n: (r["kind"], r["status"]) for n, r in rows.items()} == {
+        "fixture": ("train", "finished"),
+        "bench-20261203-101010": ("bench", "finished"),
+        "bench-20261203-101011": ("bench", "finished"),
+        "episode-20261203-101010": ("episodes", "finished"),
+        "job-20261203-101010": ("job", "checkpoint")}
+    text = runner.invoke(app, ["runs", "list", str(root)]).stdout  # piped: the 80-col default
+    assert "bench-20261203-101010" in text and "bench-20261203-101011" in text
+    shown = runner.invoke(app, ["runs", "show", str(job)])
+    assert shown.exit_code == 2 and "job checkpoint" in shown.output
+
+
+def test_runs_show_counts_jobs_trained_as_the_reward_does(tmp_path):
+    from nestor.ledger import Ledger
+
+    run = tmp_path / "episode-1"
+    with Ledger(run) as ledger:
+        ledger.start_episode("e1", task_id="add", family="arithmetic", difficulty=0,
+                             policy="composer", policy_version=0, config={})
+        ledger.add_job("e1-job", "e1", {})
+        ledger.add_result("e1-job", {"status": "ok", "pre_score": 0.1, "post_score": 0.1,
+                                     "steps": 2})
+        # ok, but no step trained a group with reward variance: the reward says trained 0
+        ledger.finish_episode("e1", end_reason="ok", reward=0.0, components={"trained": 0.0})
+    shown = json.loads(runner.invoke(app, ["runs", "show", str(run), "--json"]).stdout)
+    assert shown["jobs_ok"] == 1 and shown["jobs_trained"] == 0
+    text = runner.invoke(app, ["runs", "show", str(run)]).stdout
+    assert "0 of 1 (1 finished ok)" in text
