@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 
 console = Console(stderr=True)
+if not console.is_terminal:  # a log file or CI: each message stays one whole line
+    console.soft_wrap = True
 
 TasksModuleOpt = typer.Option(
     None, "--tasks-module", help="Extra task-family module to load (importable from the cwd).")

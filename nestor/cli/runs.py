@@ -48,7 +48,8 @@ def list_(
     table = Table("run", "kind", "policy", "status", "steps", "episodes", "reward", "cost $")
     table.columns[0].no_wrap = True  # the name is what `runs show` needs: never cut it
     for r in rows:
-        table.add_row(r["name"], r["kind"], _fmt(r["policy"]), r["status"],
+        # the directory's name, not the config's: two quickstart runs are both "quickstart"
+        table.add_row(Path(r["run_dir"]).name, r["kind"], _fmt(r["policy"]), r["status"],
                       _fmt(r["steps"]), _fmt(r["episodes"]), _reward(r), _fmt(r["cost_usd"]))
     out_console().print(table)
 

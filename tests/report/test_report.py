@@ -1,6 +1,7 @@
 import json
 import re
 import time
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -189,16 +190,17 @@ def test_runs_list_tells_each_kind_apart(tmp_path):
     (job / "nestor_job.json").write_text(json.dumps({"task_id": "add", "steps": 20}))
     (job / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward_mean": 0.1}) + "\n"
                                                for i in range(20)))
-    rows = {r["name"]: r for r in json.loads(runner.invoke(app, ["runs", "list", str(root),
+    rows = {Path(r["run_dir"]).name: r for r in json.loads(runner.invoke(app, ["runs", "list", str(root),
                                                                  "--json"]).stdout)}
     assert {n: (r["kind"], r["status"]) for n, r in rows.items()} == {
-        "fixture": ("train", "finished"),
+        "train-20261203-101010": ("train", "finished"),
         "bench-20261203-101010": ("bench", "finished"),
         "bench-20261203-101011": ("bench", "finished"),
         "episode-20261203-101010": ("episodes", "finished"),
         "job-20261203-101010": ("job", "checkpoint")}
     text = runner.invoke(app, ["runs", "list", str(root)]).stdout  # piped: the 80-col default
     assert "bench-20261203-101010" in text and "bench-20261203-101011" in text
+    assert "train-20261203-101010" in text  # the directory, not the config's name
     shown = runner.invoke(app, ["runs", "show", str(job)])
     assert shown.exit_code == 2 and "job checkpoint" in shown.output
 
