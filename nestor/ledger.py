@@ -77,6 +77,7 @@ class Ledger:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LEDGER_FILE
         self._lock = threading.Lock()
+        self.readonly = readonly
         if readonly:
             if not self.path.is_file():
                 raise LedgerError(f"no ledger at {self.path}; is {self.run_dir} a run directory?")
@@ -271,7 +272,16 @@ class Ledger:
                          "JOIN episodes e ON e.id = j.episode_id ORDER BY r.created")
 
     def close(self) -> None:
+        """A writer leaves one file: the WAL is checkpointed into ledger.sqlite and the journal
+        mode set back to DELETE, so no -wal/-shm stays beside a finished run (a reader, or a
+        resume, opens it as before; a resume turns WAL on again)."""
         with self._lock:
+            if not self.readonly:
+                try:
+                    self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    self._db.execute("PRAGMA journal_mode=DELETE")
+                except sqlite3.Error:  # another connection still has it open: it stays WAL
+                    pass
             self._db.close()
 
     def __enter__(self) -> Ledger:

@@ -12,10 +12,13 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from nestor.models.registry import load_model
@@ -56,12 +59,23 @@ def openai_reply(text: str, *, ended: bool) -> tuple[dict[str, Any], str]:
     return reply, "tool_calls" if message.tool_calls else ("stop" if ended else "length")
 
 
-def create_app(model_name: str, *, max_tokens: int = 256, device: str = "cpu") -> FastAPI:
+def create_app(model_name: str, *, max_tokens: int = 256, device: str = "cpu",
+               log: Callable[[str], None] | None = None) -> FastAPI:
+    """The app; `log` (e.g. the CLI's console) gets one line per request: what was asked, what
+    was answered or the error returned, and how long it took."""
     model, tokenizer = load_model(model_name, device=device)
     model.eval()
     lock = threading.Lock()  # one forward at a time: the model is not shared across threads
     app = FastAPI(title="nestor serve", version="1")
     context = getattr(model.config, "max_position_embeddings", 4096)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        if log is not None:  # e.g. a body sent without `Content-Type: application/json`
+            first = exc.errors()[0] if exc.errors() else {}
+            log(f"{request.method} {request.url.path} -> HTTP 422: "
+                f"{first.get('msg', 'invalid request')} at {list(first.get('loc', []))}")
+        return await request_validation_exception_handler(request, exc)
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
@@ -70,6 +84,22 @@ def create_app(model_name: str, *, max_tokens: int = 256, device: str = "cpu") -
 
     @app.post("/v1/chat/completions")
     def chat(req: ChatRequest) -> dict[str, Any]:
+        t0 = time.monotonic()
+        asked = f"chat: {len(req.messages)} message(s), {len(req.tools or [])} tool(s)"
+        try:
+            reply = answer(req)
+        except HTTPException as exc:
+            if log is not None:
+                log(f"{asked} -> HTTP {exc.status_code}: {exc.detail}")
+            raise
+        if log is not None:
+            usage = reply["usage"]
+            log(f"{asked}, prompt {usage['prompt_tokens']} tokens -> "
+                f"{usage['completion_tokens']} tokens "
+                f"({reply['choices'][0]['finish_reason']}) in {time.monotonic() - t0:.1f} s")
+        return reply
+
+    def answer(req: ChatRequest) -> dict[str, Any]:
         try:
             messages = [_message(m) for m in req.messages]
         except (KeyError, TypeError, ValueError) as exc:
@@ -80,7 +110,9 @@ def create_app(model_name: str, *, max_tokens: int = 256, device: str = "cpu") -
         budget = min(req.max_tokens or max_tokens, max_tokens)
         if len(prompt) + budget > context:
             raise HTTPException(400, f"prompt of {len(prompt)} tokens + max_tokens {budget} "
-                                     f"exceeds the model's context of {context}")
+                                     f"exceeds the model's context of {context}: send a "
+                                     f"shorter conversation (a nestor agent: --prompt-style "
+                                     f"compact) or serve a model with a longer context")
         generator = torch.Generator().manual_seed(req.seed) if req.seed is not None else None
         with lock, torch.no_grad():
             out = sample(model, [prompt], budget, eos_id=tokenizer.eos_token_id,

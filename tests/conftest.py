@@ -49,14 +49,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServedURL(str):
+    """A server's /v1 base URL; `.log` is the file its console output goes to."""
+
+    log: Path
+
+
 @pytest.fixture(scope="session")
-def served_tiny_s():
-    """A real `nestor serve --model tiny-s` on loopback; yields its /v1 base URL."""
+def served_tiny_s(tmp_path_factory):
+    """A real `nestor serve --model tiny-s` on loopback; yields its /v1 base URL (its request
+    log in `.log`: a file, so a long session never fills a pipe and blocks the server)."""
     port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    sink = log.open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "nestor.cli.main", "serve", "--model",
                              "tiny-s", "--port", str(port), "--max-tokens", "24"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/v1"
+                            stdout=sink, stderr=subprocess.STDOUT)
+    url = ServedURL(f"http://127.0.0.1:{port}/v1")
+    url.log = log
     try:
         for _ in range(240):
             try:
@@ -66,8 +76,9 @@ def served_tiny_s():
                 time.sleep(0.5)
         else:
             proc.kill()
-            raise RuntimeError(proc.stdout.read().decode()[-2000:])
+            raise RuntimeError(log.read_text(errors="replace")[-2000:])
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        sink.close()

@@ -94,3 +94,22 @@ def test_policy_versions(tmp_path):
         ledger.add_policy_version("composer", 1, path="ck/1.pt", metrics={"loss": 0.5})
         rows = ledger.policy_versions("composer")
     assert [r["version"] for r in rows] == [0, 1] and rows[1]["metrics"]["loss"] == 0.5
+
+
+def test_a_closed_ledger_leaves_no_wal_or_shm(tmp_path):
+    # a finished run's directory holds ledger.sqlite alone, also after a reader (runs show)
+    from nestor.ledger import Ledger
+
+    with Ledger(tmp_path) as ledger:
+        ledger.start_episode("e1", task_id="add", family="arithmetic", difficulty=0,
+                             policy="composer", policy_version=0, config={})
+        assert (tmp_path / "ledger.sqlite-wal").exists()  # WAL while it runs
+        ledger.finish_episode("e1", end_reason="no_submit", reward=0.0, components={})
+    with Ledger(tmp_path, readonly=True) as reader:
+        assert reader.episode("e1")["end_reason"] == "no_submit"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ledger")) == [
+        "ledger.sqlite"]
+    with Ledger(tmp_path) as again:  # a resume writes in WAL mode again
+        again.start_episode("e2", task_id="add", family="arithmetic", difficulty=0,
+                            policy="composer", policy_version=0, config={})
+    assert not (tmp_path / "ledger.sqlite-wal").exists()

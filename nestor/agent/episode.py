@@ -254,6 +254,8 @@ class _Episode:
             result = JobResult(status="lost", log_tail=f"pool error: {type(exc).__name__}: {exc}")
         self.ledger.add_result(job_id, result.model_dump(mode="json"))
         self.rec.result = result
+        if result.status == "lost" and getattr(self.policy, "closed", False):
+            return "stopped"  # the run ended and its pool shut down: not the job's failure
         return "ok" if result.status == "ok" else "job_failed"
 
 

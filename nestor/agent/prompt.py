@@ -34,6 +34,20 @@ def _job_format() -> str:
             "vf.Taskset subclass in __all__, whose vf.Task carries the @vf.reward methods.")
 
 
+def _agent_job_format() -> str:
+    """The doc as the agent reads it: under the prompt's own `# The job format` heading (so the
+    doc's is dropped, not repeated), without the doc's "For engineers" section (how the probe is
+    built: for contributors, not for the job writer)."""
+    text = _job_format()
+    if text.startswith("# The job format"):
+        text = text.split("\n", 1)[1].lstrip("\n")
+    start = text.find("\n## For engineers")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + (text[end:] if end >= 0 else "\n")
+    return text.rstrip() + "\n"
+
+
 def _bounds(field) -> str:
     parts = []
     for m in field.metadata:
@@ -107,7 +121,7 @@ def system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
 
 # The job format
 
-{_job_format()}
+{_agent_job_format()}
 
 # Base models you may train
 

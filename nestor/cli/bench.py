@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, console, fail, print_json, registry
+from nestor.cli.common import JsonOpt, console, default_out, fail, out_console, print_json, registry
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks that feed decisions (cost matrix, ...).")
 
@@ -89,8 +88,27 @@ def matrix(
         table.add_row(r["worker_type"], r["base_model"], r["status"],
                       "-" if r["seconds"] is None else f"{r['seconds']:.1f}",
                       "-" if r["dollars"] is None else f"{r['dollars']:.5f}")
-    Console().print(table)
+    out_console().print(table)
     console.print(f"saved {path}", highlight=False)
+
+
+def episode_failures(records: list) -> list[dict[str, str]]:
+    """Each episode that did not end `ok`, with the reason in full: the policy's error (an
+    endpoint's HTTP 400 says why), the job's status and last log line, or the end reason."""
+    out = []
+    for rec in records:
+        if rec.end_reason == "ok":
+            continue
+        why = str(rec.components.get("error") or "").strip()
+        if not why and rec.result is not None:
+            tail = (rec.result.log_tail or "").strip().splitlines()
+            why = f"job {rec.result.status}" + (f": {tail[-1]}" if tail else "")
+        out.append({"episode_id": rec.id, "task": rec.task_id, "end_reason": rec.end_reason,
+                    "why": why or {"no_submit": "the policy never called submit",
+                                   "turn_limit": "out of turns before a job passed validation",
+                                   "invalid": "no submitted job passed validation",
+                                   "token_limit": "out of tokens"}.get(rec.end_reason, "–")})
+    return out
 
 
 def register(root: typer.Typer) -> None:
@@ -110,8 +128,9 @@ def agents(
                                  help="Chat-completions base URL (e.g. a `nestor serve`)."),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env",
                                     help="Environment variable holding the API key."),
-    tasks: str = typer.Option("all", "--tasks", help="Comma-separated task ids, or all "
-                              "(training families)."),
+    tasks: list[str] = typer.Option(["all"], "--tasks", "--task", help="Task ids, "
+                                    "comma-separated or repeated, or all (training families; "
+                                    "as `nestor eval --tasks`)."),
     episodes: int = typer.Option(2, "--episodes", min=1, help="Episodes per task."),
     max_retries: int = typer.Option(5, "--max-retries", min=0, max=20,
                                     help="Retries (exponential backoff) on 429, 5xx, no answer."),
@@ -123,14 +142,15 @@ def agents(
     max_turns: int = typer.Option(12, "--max-turns", min=1, max=200),
     prompt_style: str = typer.Option("full", "--prompt-style", help="full or compact (for "
                                      "small-context models, e.g. a served smollm2-135m)."),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Where episodes are recorded."),
-    leaderboard: Path = typer.Option(Path("leaderboard.csv"), "--leaderboard",
-                                     help="CSV the row is appended to."),
+    run_dir: Path | None = typer.Option(None, "--out", "--run-dir", help="Where everything "
+                                        "goes: ledger, episodes, leaderboard.csv (default "
+                                        "runs/bench-<timestamp>)."),
+    leaderboard: Path | None = typer.Option(None, "--leaderboard", help="CSV the row is "
+                                            "appended to (default OUT/leaderboard.csv; name one "
+                                            "file, e.g. runs/leaderboard.csv, to compare runs)."),
     json_: bool = JsonOpt,
 ) -> None:
     """Run episodes with an untrained job writer and append a leaderboard row."""
-    import time
-
     from nestor.agent.bench import append_row, leaderboard_row, run_benchmark
     from nestor.agent.episode import EpisodeConfig
     from nestor.ledger import Ledger
@@ -140,7 +160,8 @@ def agents(
 
     reg = registry()
     try:
-        refs = reg.training_tasks() if tasks == "all" else [reg.get(t) for t in tasks.split(",")]
+        ids = [t.strip() for item in tasks for t in item.split(",") if t.strip()]
+        refs = reg.training_tasks() if "all" in ids else [reg.get(t) for t in ids]
     except TaskError as exc:
         fail(str(exc))
     usage = None
@@ -170,7 +191,8 @@ def agents(
     else:
         fail(f"unknown --policy {policy!r}; use openai:MODEL, composer, tinker:MODEL or "
              "tinker-local:MODEL")
-    run_dir = run_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+    run_dir = run_dir or default_out("bench")
+    leaderboard = leaderboard or run_dir / "leaderboard.csv"
     if prompt_style not in ("full", "compact"):
         fail(f"--prompt-style {prompt_style!r}: choose full or compact")
     cfg = EpisodeConfig(max_turns=max_turns, token_budget=budget, prompt_style=prompt_style)
@@ -194,10 +216,22 @@ def agents(
         pool.shutdown()
     row = leaderboard_row(policy, [r.id for r in refs], records, usage)
     append_row(leaderboard, row)
+    failures = episode_failures(records)
     if json_:
-        print_json({**row, "leaderboard": str(leaderboard), "run_dir": str(run_dir)})
+        print_json({**row, "failures": failures, "leaderboard": str(leaderboard),
+                    "run_dir": str(run_dir)})
         return
-    table = Table(*row.keys())
-    table.add_row(*("" if v is None else str(v) for v in row.values()))
-    Console().print(table)
-    console.print(f"appended to {leaderboard}; episodes in {run_dir}")
+    # one row, many columns: printed as label/value pairs so no cell is ever cut
+    table = Table(show_header=False, title=f"bench agents · {policy}")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in row.items():
+        table.add_row(key, "" if value is None else str(value))
+    con = out_console()
+    con.print(table)
+    for f in failures:  # why an episode earned nothing, in the words of whoever failed
+        con.print(f"episode {f['episode_id']} ({f['task']}): {f['end_reason']}: {f['why']}",
+                  highlight=False, markup=False, soft_wrap=True)
+    console.print(f"appended to {leaderboard}; episodes in {run_dir} "
+                  f"(`nestor episode show ID --run-dir {run_dir}`)", highlight=False,
+                  soft_wrap=True)

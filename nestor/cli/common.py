@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -11,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 
 console = Console(stderr=True)
+if not console.is_terminal:  # a log file or CI: each message stays one whole line
+    console.soft_wrap = True
 
 def _absolute_files(refs: list[str] | None) -> list[str] | None:
     """A plugin named by its file travels (to pool workers, into job requests) as an absolute
@@ -25,6 +30,24 @@ TasksModuleOpt = typer.Option(
     help="Extra task-family module: a dotted name (installed or on PYTHONPATH) or a .py file; "
          "never searched in the current directory.")
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+
+RUNS_ROOT = Path("runs")  # every result-writing command's default home, under the cwd
+PIPED_WIDTH = 400  # a table piped to a file or `less` is not cut to 80 columns
+
+
+def default_out(kind: str) -> Path:
+    """The one output-dir convention (docs/architecture.md#where-results-go): a command that
+    writes results puts all of them in `--out DIR`, default runs/<kind>-<YYYYmmdd-HHMMSS>/."""
+    return RUNS_ROOT / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def out_console(**kwargs: Any) -> Console:
+    """The stdout console for results: the terminal's width on a terminal; piped (a file, a
+    pager, a CI log), wide enough that rich never cuts a cell to `ope…` (COLUMNS still wins)."""
+    con = Console(**kwargs)
+    if not con.is_terminal and "width" not in kwargs and not os.environ.get("COLUMNS"):
+        con.width = PIPED_WIDTH
+    return con
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -59,3 +82,31 @@ def registry(tasks_module: list[str] | None = None):
         return TaskRegistry(modules)
     except TaskError as exc:
         fail(str(exc))
+
+
+def with_interval(score: float | None, n: int | None = None) -> str:
+    """`0.120 [0.080, 0.173]`: a hidden-eval score with its Wilson 95% interval on n items
+    (default: the inner job's hidden-eval size)."""
+    from nestor.inner.evaluate import wilson
+    from nestor.tasks.hidden import DEFAULT_N
+
+    if score is None:
+        return "–"
+    n = n or DEFAULT_N
+    lo, hi = wilson(round(score * n), n)
+    return f"{score:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def pre_post(pre: float | None, post: float | None, n: int | None = None) -> str:
+    """`pre 0.120 [0.080, 0.173] → post 0.150 [0.107, 0.206] (n = 200; +0.030, within noise)`:
+    each score with its Wilson 95% interval, so a change of ±0.01 is not read as a result."""
+    from nestor.inner.evaluate import wilson
+    from nestor.tasks.hidden import DEFAULT_N
+
+    n = n or DEFAULT_N
+    text = f"pre {with_interval(pre, n)} → post {with_interval(post, n)} (n = {n}"
+    if pre is not None and post is not None:
+        (plo, phi), (qlo, qhi) = wilson(round(pre * n), n), wilson(round(post * n), n)
+        text += f"; {post - pre:+.3f}, " + ("within noise" if qlo <= phi and plo <= qhi
+                                             else "intervals apart")
+    return text + ")"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -14,15 +12,18 @@ from nestor.cli.common import (
     JsonOpt,
     TasksModuleOpt,
     console,
+    default_out,
     fail,
+    out_console,
+    pre_post,
     print_json,
     registry,
     require_sandbox,
 )
 
 app = typer.Typer(no_args_is_help=True, help="Agent episodes: write, validate, train, reward.")
-RunDirOpt = typer.Option(None, "--run-dir", help="Run directory (ledger.sqlite, episodes/); "
-                         "default runs/episode-<timestamp>.")
+RunDirOpt = typer.Option(None, "--out", "--run-dir", help="Where everything goes "
+                         "(ledger.sqlite, episodes/); default runs/episode-<timestamp>.")
 ReadRunDirOpt = typer.Option(..., "--run-dir", help="Run directory holding ledger.sqlite "
                              "(required).")
 
@@ -95,7 +96,7 @@ def run(
         spec = registry(tasks_module).get(task).spec(difficulty)
     except TaskError as exc:
         fail(str(exc))
-    run_dir = run_dir or Path("runs") / time.strftime("episode-%Y%m%d-%H%M%S")
+    run_dir = run_dir or default_out("episode")
     require_sandbox()
     if prompt_style not in ("full", "compact"):
         fail(f"--prompt-style {prompt_style!r}: choose full or compact")
@@ -162,7 +163,7 @@ def _progress(status, line: str) -> None:
 
 def _print_summary(out: dict) -> None:
     c = out["components"]
-    con = Console(soft_wrap=True)  # lines stay whole in logs and narrow terminals
+    con = out_console(soft_wrap=True)  # lines stay whole in logs and narrow terminals
     con.print(f"episode {out['episode_id']} on [bold]{out['task']}[/bold]: "
               f"end [bold]{out['end_reason']}[/bold] after {out['attempts']} attempt(s)")
     terms = " + ".join(f"{k.removeprefix('weighted_')} {v:+.4f}" for k, v in c.items()
@@ -173,8 +174,8 @@ def _print_summary(out: dict) -> None:
               f"{'' if c.get('trained') else ', job did not train: no validation/speed pay'})")
     if out["result"]:
         r = out["result"]
-        con.print(f"job {r['status']}: pre {r['pre_score']} → post {r['post_score']} "
-                  f"in {r['wall_s']:.1f}s")
+        con.print(f"job {r['status']}: {pre_post(r['pre_score'], r['post_score'])} "
+                  f"in {r['wall_s']:.1f}s", highlight=False)
     con.print(f"run dir: {out['run_dir']}")
 
 
@@ -203,7 +204,7 @@ def list_(run_dir: Path = ReadRunDirOpt, json_: bool = JsonOpt) -> None:
     table.columns[0].min_width = max((len(r["id"]) for r in rows), default=2)
     for r in rows:
         table.add_row(*("" if r[k] is None else str(r[k]) for k in keep))
-    Console().print(table)
+    out_console().print(table)
 
 
 @app.command("show")
@@ -222,7 +223,7 @@ def show(episode_id: str = typer.Argument(..., help="An id from `nestor episode 
     if json_:
         print_json(ep)
         return
-    con = Console()
+    con = out_console()
     reward = "–" if ep["reward"] is None else f"{ep['reward']:.4f}"
     con.print(f"[bold]{escape(ep['id'])}[/bold] {escape(ep['task_id'])} · {ep['status']} · "
               f"end {ep['end_reason'] or '–'} · reward {reward}", highlight=False)
@@ -235,18 +236,14 @@ def show(episode_id: str = typer.Argument(..., help="An id from `nestor episode 
     for job in ep["jobs"]:
         r = job["result"]
         if r:
-            con.print(f"job {job['id']}: {r['status']}, pre {_num(r.get('pre_score'))} → post "
-                      f"{_num(r.get('post_score'))} in {r.get('wall_s', 0):.1f} s",
-                      highlight=False, markup=False)
+            con.print(f"job {job['id']}: {r['status']}, "
+                      f"{pre_post(r.get('pre_score'), r.get('post_score'))} in "
+                      f"{r.get('wall_s', 0):.1f} s", highlight=False, markup=False)
     # soft_wrap: paths and transcript lines are copied and pasted, so rich must not break them
     con.print(f"workspace: {ep['paths']['workspace']}", highlight=False, markup=False,
               soft_wrap=True)
     con.print(f"job:       {ep['paths']['job'] or '– (no job passed validation)'}",
               highlight=False, markup=False, soft_wrap=True)
-
-
-def _num(value) -> str:
-    return "–" if value is None else f"{value:.3f}"
 
 
 def _args(arguments) -> str:

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, console, fail, print_json, registry
+from nestor.cli.common import (
+    JsonOpt,
+    TasksModuleOpt,
+    console,
+    fail,
+    out_console,
+    print_json,
+    registry,
+)
 
 
 def eval_cmd(
     model: str = typer.Option(..., "--model", help="Registry name (tiny-m, ...) or a directory."),
-    task: list[str] = typer.Option(..., "--task", help="Task id, repeatable, or 'all'."),
+    task: list[str] = typer.Option(..., "--tasks", "--task", help="Task ids, comma-separated "
+                                   "or repeated, or 'all' (as `bench agents --tasks`)."),
     difficulty: int = typer.Option(0, "--difficulty", min=0, max=3, help="Input size level."),
     n: int = typer.Option(200, "--n", min=1, max=10_000, help="Hidden-eval items per task."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Ignore cached pre-scores."),
@@ -25,6 +33,7 @@ def eval_cmd(
     from nestor.tasks import TaskError
 
     reg = registry(tasks_module)
+    task = [t.strip() for item in task for t in item.split(",") if t.strip()]
     task_ids = [r.id for r in reg.tasks(include_heldout=True)] if "all" in task else task
     try:
         resolve_model_dir(model)
@@ -33,13 +42,10 @@ def eval_cmd(
     except (ModelNotFoundError, TaskError) as exc:
         fail(escape(str(exc)))
 
-    def show(result) -> None:
-        if not json_:
-            console.print(f"{result.task}: {result.accuracy:.3f} "
-                          f"[{result.ci95[0]:.3f}, {result.ci95[1]:.3f}] n={result.n}",
-                          highlight=False, markup=False)
+    with console.status(f"scoring {model} on {len(task_ids)} task(s)") as status:
+        def show(result) -> None:  # progress only: the table below prints each result once
+            status.update(f"scored {result.task}: {result.accuracy:.3f}; scoring the rest…")
 
-    with console.status(f"scoring {model} on {len(task_ids)} task(s)"):
         try:
             results = evaluate(model, task_ids, difficulty=difficulty, n=n,
                                use_cache=not no_cache, registry=reg, on_result=show)
@@ -54,7 +60,7 @@ def eval_cmd(
         table.add_row(r.task, f"{r.accuracy:.3f}", f"{r.ci95[0]:.3f}–{r.ci95[1]:.3f}", str(r.n))
     mean = sum(r.accuracy for r in results) / len(results)
     table.add_row("mean", f"{mean:.3f}", "", "")
-    Console().print(table)
+    out_console().print(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, console, fail, print_json
+from nestor.cli.common import JsonOpt, console, fail, out_console, print_json
 
 app = typer.Typer(no_args_is_help=True, help="Base models: list them, pretrain the tiny ones.")
 
@@ -31,7 +30,7 @@ def list_(json_: bool = JsonOpt) -> None:
     for row in rows:
         table.add_row(row["name"], row["description"], "yes" if row["available"] else "no",
                       escape(row.get("path") or row.get("how")))
-    Console().print(table)
+    out_console().print(table)
 
 
 @app.command("pretrain")

@@ -6,10 +6,9 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, console, fail, print_json
+from nestor.cli.common import JsonOpt, console, fail, out_console, print_json
 
 app = typer.Typer(no_args_is_help=True, help="Rented GPU pods of a run (Runpod).")
 
@@ -59,8 +58,8 @@ def list_(run_dir: Path = RunDirArg, json_: bool = JsonOpt) -> None:
         table.add_row(r["pod_id"], r["worker_type"], f"{r['price_per_hr']:.2f}",
                       f"{r['alive_s'] / 60:.1f} min", f"{r['cost_usd']:.3f}",
                       "[yellow]open[/yellow]" if r["open"] else str(r["end_reason"]))
-    Console().print(table)
-    Console().print(f"spent ${spent:.2f}; {sum(r['open'] for r in rows)} open")
+    out_console().print(table)
+    out_console().print(f"spent ${spent:.2f}; {sum(r['open'] for r in rows)} open")
 
 
 @app.command("reap")

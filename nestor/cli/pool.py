@@ -6,7 +6,6 @@ from concurrent.futures import as_completed
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -15,9 +14,11 @@ from nestor.cli.common import (
     TasksModuleOpt,
     console,
     fail,
+    out_console,
     print_json,
     registry,
     require_sandbox,
+    with_interval,
 )
 from nestor.cli.job import SkipValidationOpt, run_probe, skipped_line
 
@@ -110,12 +111,12 @@ def run(
     if json_:
         print_json(rows)
     else:
-        table = Table("job", "status", "pre", "post", "Δ", "steps", "wall s", "$", "worker")
+        table = Table("job", "status", "pre [95%]", "post [95%]", "Δ", "steps", "wall s", "$", "worker")
         for row in rows:
-            table.add_row(Path(row["job_dir"]).name, row["status"], _fmt(row["pre_score"]),
-                          _fmt(row["post_score"]), _fmt(row["improvement"]), str(row["steps"]),
+            table.add_row(Path(row["job_dir"]).name, row["status"], with_interval(row["pre_score"]),
+                          with_interval(row["post_score"]), _fmt(row["improvement"]), str(row["steps"]),
                           f"{row['wall_s']:.1f}", f"{row['cost_usd']:.4f}", row["worker"] or "-")
-        Console().print(table)
+        out_console().print(table)
         for row in rows:
             if row["status"] != "ok" and row["log_tail"]:
                 console.print(f"[yellow]{escape(row['job_dir'])}[/yellow] ({row['status']}): "

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, fail, print_json
+from nestor.cli.common import JsonOpt, fail, out_console, print_json
 
 app = typer.Typer(no_args_is_help=True, help="Summaries of runs.")
 
@@ -23,13 +23,21 @@ def list_(
     root: Path = typer.Argument(Path("runs"), help="Directory holding run directories."),
     json_: bool = JsonOpt,
 ) -> None:
-    """One line per run under ROOT."""
-    from nestor.report.data import RunData, RunDirError
+    """One line per directory under ROOT: training runs, `episode run` and `bench agents`
+    directories, and job checkpoints (`job train --out`)."""
+    from nestor.report.data import RunData, RunDirError, job_checkpoint
 
     if not root.is_dir():
         fail(f"{root} is not a directory")
     rows = []
     for child in sorted(p for p in root.iterdir() if p.is_dir()):
+        meta = job_checkpoint(child)
+        if meta is not None:
+            rows.append({"run_dir": str(child), "name": child.name, "kind": "job",
+                         "policy": None, "status": "checkpoint", "steps": meta.get("steps"),
+                         "episodes": None, "task": meta.get("task_id"),
+                         "checkpoint": meta["checkpoint"], "cost_usd": None})
+            continue
         try:
             rows.append(RunData.load(child).summary())
         except RunDirError:
@@ -37,14 +45,24 @@ def list_(
     if json_:
         print_json(rows)
         return
-    table = Table("run", "policy", "status", "steps", "episodes", "reward first→last", "cost $")
+    table = Table("run", "kind", "policy", "status", "steps", "episodes", "reward", "cost $")
+    table.columns[0].no_wrap = True  # the name is what `runs show` needs: never cut it
     for r in rows:
-        # no outer steps (an `episode run` dir): the mean reward of its episodes instead
-        reward = (f"{_fmt(r['reward_first_2_steps'])} → {_fmt(r['reward_last_2_steps'])}"
-                  if r["steps"] else f"{_fmt(r['reward_mean'])} (episodes)")
-        table.add_row(r["name"], _fmt(r["policy"]), r["status"], str(r["steps"]),
-                      str(r["episodes"]), reward, _fmt(r["cost_usd"]))
-    Console().print(table)
+        # the directory's name, not the config's: two quickstart runs are both "quickstart"
+        table.add_row(Path(r["run_dir"]).name, r["kind"], _fmt(r["policy"]), r["status"],
+                      _fmt(r["steps"]), _fmt(r["episodes"]), _reward(r), _fmt(r["cost_usd"]))
+    out_console().print(table)
+
+
+def _reward(r: dict) -> str:
+    if r["kind"] == "job":
+        return f"job on {r['task']}" if r.get("task") else ""
+    if r["kind"] != "train":  # no outer steps: the mean reward of its episodes
+        return f"{_fmt(r['reward_mean'])} (episodes)"
+    if not r.get("reward_compared_steps"):
+        return "– (too short to compare)"
+    k = r["reward_compared_steps"]
+    return f"{_fmt(r['reward_first_2_steps'])} → {_fmt(r['reward_last_2_steps'])} (first/last {k})"
 
 
 @app.command("show")
@@ -61,7 +79,7 @@ def show(run_dir: Path = typer.Argument(...), json_: bool = JsonOpt) -> None:
         return
     from nestor.report.headline import headline
 
-    con = Console()
+    con = out_console()
     top = Table("question", "numbers", "verdict", title="The five questions", show_lines=True)
     colours = {True: "green", False: "red", None: "dim"}
     for row in headline(data):
@@ -133,7 +151,7 @@ def compare(
     for label in labels:
         table.add_row(label, *(r.get(label, "–") for r in rows))
     table.add_row("reward curve", *(spark([v for _, v in c]) for c in curves))
-    Console().print(table)
+    out_console().print(table)
     if fig is not None:
         Console(stderr=True).print(f"reward curves: {plot}", highlight=False, soft_wrap=True)
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, TasksModuleOpt, fail, print_json, registry
+from nestor.cli.common import JsonOpt, TasksModuleOpt, fail, out_console, print_json, registry
 
 app = typer.Typer(no_args_is_help=True, help="The task suite (public specs only).")
 
@@ -33,7 +32,7 @@ def list_(
     table = Table("id", "family", "title", "heldout")
     for row in rows:
         table.add_row(row["id"], row["family"], row["title"], "yes" if row["heldout"] else "")
-    Console().print(table)
+    out_console().print(table)
 
 
 @app.command("show")
@@ -54,5 +53,5 @@ def show(
     if json_:
         print_json(spec.model_dump())
         return
-    Console().print(Markdown(spec.instructions))
+    out_console().print(Markdown(spec.instructions))
 

@@ -198,11 +198,13 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
     if json_:
         print_json(summary)
     else:
-        rose = summary.get("reward_rose")
+        rose, k = summary.get("reward_rose"), summary.get("compared_steps", 0)
+        reward = (f"reward first {k} step{'s' if k > 1 else ''} "
+                  f"{_fmt(summary.get('first2_reward'))} → last {k} "
+                  f"{_fmt(summary.get('last2_reward'))}{' (rose)' if rose else ''}" if k else
+                  "too short to compare first and last steps")
         console.print(f"done: {summary['steps']} steps in {_fmt(summary.get('elapsed_s'), '.0f')}s;"
-                      f" reward first 2 steps {_fmt(summary.get('first2_reward'))} → last 2 "
-                      f"{_fmt(summary.get('last2_reward'))}"
-                      f"{' (rose)' if rose else ''}; pool utilisation "
+                      f" {reward}; pool utilisation "
                       f"{_fmt(summary.get('pool_utilisation'), '.0%')}; metrics in "
                       f"{run_dir / 'metrics.jsonl'}")
         if summary.get("weighted_validation_first2") is not None:
@@ -211,7 +213,7 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
                 f"{_fmt(summary.get('weighted_validation_first2'))} → "
                 f"{_fmt(summary.get('weighted_validation_last2'))}, job-quality term "
                 f"{_fmt(summary.get('weighted_quality_first2'))} → "
-                f"{_fmt(summary.get('weighted_quality_last2'))} (first 2 steps → last 2)")
+                f"{_fmt(summary.get('weighted_quality_last2'))} (first {k} → last {k})")
 
 
 def train(

@@ -86,5 +86,5 @@ def load_job_config(path: Path) -> JobConfig:
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        problems = validation_problems(exc)
+        problems = validation_problems(exc, JobConfig)
         raise JobConfigError(f"{path.name}: {problems}") from None

@@ -158,14 +158,14 @@ def _validate(model, data: dict[str, Any], table: str):
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise RunConfigError(f"[{table}] {validation_problems(exc)}") from None
+        raise RunConfigError(f"[{table}] {validation_problems(exc, model)}") from None
 
 
 def parse_run_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise RunConfigError(f"{source}: {validation_problems(exc)}") from None
+        raise RunConfigError(f"{source}: {validation_problems(exc, RunConfig)}") from None
 
 
 def load_run_config(path: Path) -> RunConfig:

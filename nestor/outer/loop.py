@@ -190,12 +190,11 @@ class OuterLoop:
         return sorted(done, key=lambda g: max(ep.finished_at for ep in g.episodes.values()))
 
     def _groups_wanted(self) -> int:
-        """Groups still to start: enough for the remaining steps plus one in-flight window, so
-        the pool stays busy to the end while at most max_in_flight episodes go unused."""
+        """Groups still to start: exactly those the remaining steps will train on, so no
+        episode is wasted at the end of a run (the price: the pool drains over the last
+        steps instead of running episodes that would be thrown away)."""
         cfg = self.config
-        remaining = (cfg.steps - self.step) * cfg.groups_per_step
-        window = -(-cfg.max_in_flight // cfg.group_size)
-        return remaining + window - len(self.groups)
+        return (cfg.steps - self.step) * cfg.groups_per_step - len(self.groups)
 
     def _next_ticket(self) -> EpisodeTicket | None:
         for group in sorted(self.groups.values(), key=lambda g: g.group_id):

@@ -126,6 +126,16 @@ def step_metrics(*, step: int, version: int, episodes: list[EpisodeSummary], bat
     return row
 
 
+def first_last(values: list[float], k: int = 2) -> tuple[float | None, float | None, int]:
+    """(mean of the first k', mean of the last k', k') with k' = min(k, len // 2): the two ends
+    never share a step, so a 2-step run compares step 1 with step 2, and a 1-step run compares
+    nothing (None, None, 0)."""
+    k = min(k, len(values) // 2)
+    if k == 0:
+        return None, None, 0
+    return statistics.fmean(values[:k]), statistics.fmean(values[-k:]), k
+
+
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(row, default=float) + "\n")

@@ -10,7 +10,7 @@ from typing import Any
 from nestor.outer.checkpoint import CheckpointError, latest_checkpoint
 from nestor.outer.config import RunConfig, RunConfigError, load_run_config, save_run_config
 from nestor.outer.loop import OuterLoop
-from nestor.outer.metrics import MeteredPool, read_jsonl
+from nestor.outer.metrics import MeteredPool, first_last, read_jsonl
 
 
 def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
@@ -29,24 +29,24 @@ def load_resumable(run_dir: Path) -> RunConfig:
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     rewards = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]
-    first, last = rewards[:2], rewards[-2:]
+    first, last, k = first_last(rewards)
     out: dict[str, Any] = {"run_dir": str(run_dir), "steps": len(rows)}
     if rows:
         out.update(
-            first2_reward=sum(first) / len(first) if first else None,
-            last2_reward=sum(last) / len(last) if last else None,
+            compared_steps=k,  # first k → last k, never the same steps (0: too short)
+            first2_reward=first, last2_reward=last,
             pool_utilisation=rows[-1].get("pool_utilisation_run"),
             elapsed_s=rows[-1].get("elapsed_s"), cost_usd=rows[-1].get("cost_usd_total"),
             validation_pass_rate_last=rows[-1].get("validation_pass_rate"))
-        if first and last:
-            out["reward_rose"] = out["last2_reward"] > out["first2_reward"]
+        if k:
+            out["reward_rose"] = last > first
         # both rungs' terms: validation (first rung) and job quality (second), first 2 → last 2
         for term in ("weighted_validation", "weighted_quality"):
             vals = [(r.get("reward_components") or {}).get(term) for r in rows]
             vals = [v for v in vals if v is not None]
-            if vals:
-                out[f"{term}_first2"] = sum(vals[:2]) / len(vals[:2])
-                out[f"{term}_last2"] = sum(vals[-2:]) / len(vals[-2:])
+            term_first, term_last, term_k = first_last(vals)
+            if term_k:
+                out[f"{term}_first2"], out[f"{term}_last2"] = term_first, term_last
     return out
 
 
@@ -113,4 +113,5 @@ def train(config: RunConfig, run_dir: Path, *, resume: bool = False, registry=No
         # ended holds no `running` episode (one that finishes later still records its end)
         ledger.close_orphans("stopped", "still running when the run ended")
         tracker.close()
+        ledger.close()  # checkpointed: the run dir keeps ledger.sqlite alone
     return summarize_run(run_dir)

@@ -11,14 +11,31 @@ from pathlib import Path
 from typing import Any
 
 from nestor.ledger import LEDGER_FILE, Ledger
-from nestor.outer.metrics import read_jsonl
+from nestor.outer.metrics import first_last, read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
 HELDOUT_FILE = "heldout.jsonl"
+CUT_SHORT = ("stopped", "orphaned")  # end reasons of episodes a run's end or a kill cut short
 
 
 class RunDirError(ValueError):
     """Not a run directory (no metrics, no ledger)."""
+
+
+def job_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The metadata of a trained job's checkpoint in `path` or `path/checkpoint/` (what
+    `nestor job train --out` writes), else None."""
+    import json
+
+    from nestor.inner.checkpoint import META_FILE
+
+    for meta in (Path(path) / META_FILE, Path(path) / "checkpoint" / META_FILE):
+        if meta.is_file():
+            try:
+                return {"checkpoint": str(meta.parent), **json.loads(meta.read_text())}
+            except (OSError, ValueError):
+                return {"checkpoint": str(meta.parent)}
+    return None
 
 
 @dataclass
@@ -33,6 +50,9 @@ class RunData:
     @classmethod
     def load(cls, run_dir: Path) -> RunData:
         run_dir = Path(run_dir)
+        if job_checkpoint(run_dir) is not None:
+            raise RunDirError(f"{run_dir} holds a job checkpoint, not a run: score it with "
+                              f"`nestor eval --model {run_dir} --tasks TASK`")
         has_ledger = (run_dir / LEDGER_FILE).is_file()
         if not run_dir.is_dir() or not (has_ledger or (run_dir / METRICS_FILE).is_file()):
             raise RunDirError(f"{run_dir} is not a run directory "
@@ -56,23 +76,36 @@ class RunData:
         return data
 
     # -- summaries -----------------------------------------------------------------------------
+    def kind(self) -> str:
+        """train (an outer-loop run), bench (`bench agents`) or episodes (`episode run`)."""
+        if self.steps or self.config.get("policy"):
+            return "train"
+        if self.episodes and all((e.get("group_id") or "").startswith("bench:")
+                                 for e in self.episodes):
+            return "bench"
+        return "episodes"
+
     def status(self) -> str:
         if any(e["status"] == "running" for e in self.episodes):
             return "in progress (or crashed)"
+        if self.kind() != "train":  # no outer steps to wait for: its episodes are the run
+            return "finished" if self.episodes else "empty"
         return "finished" if self.steps else "no steps yet"
 
     def summary(self) -> dict[str, Any]:
-        done = [e for e in self.episodes if e["status"] == "done"]
+        # an episode cut short by the end of a run or a kill has no real reward: not averaged
+        done = [e for e in self.episodes if e["status"] == "done"
+                and e.get("end_reason") not in CUT_SHORT]
         rewards = [e["reward"] for e in done if e["reward"] is not None]
-        first, last = self.steps[:2], self.steps[-2:]
-
-        def mean_reward(rows: list[dict]) -> float | None:
-            vals = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]
-            return statistics.fmean(vals) if vals else None
-
+        first, last, k = first_last([r["reward_mean"] for r in self.steps
+                                     if r.get("reward_mean") is not None])
+        # the reward's own `trained` (ok and moved its weights); a ledger older than it: `ok`
+        trained = sum(bool((e.get("components") or {}).get("trained", e["end_reason"] == "ok"))
+                      for e in done)
         return {
             "run_dir": str(self.run_dir),
             "name": self.config.get("name", self.run_dir.name),
+            "kind": self.kind(),
             # a run's config names its policy; a run dir of `nestor episode run` has only the ledger
             "policy": (self.config.get("policy") or {}).get("kind")
             or ", ".join(sorted({e["policy"] for e in self.episodes})) or None,
@@ -81,10 +114,12 @@ class RunData:
             "episodes": len(self.episodes),
             "episodes_done": len(done),
             "reward_mean": statistics.fmean(rewards) if rewards else None,
-            "reward_first_2_steps": mean_reward(first),
-            "reward_last_2_steps": mean_reward(last),
+            "reward_compared_steps": k,  # first k → last k never share a step; 0: too short
+            "reward_first_2_steps": first,
+            "reward_last_2_steps": last,
             "jobs": len(self.jobs),
             "jobs_ok": sum(j["status"] == "ok" for j in self.jobs),
+            "jobs_trained": trained,  # the reward's `trained`: ok and moved its weights
             "cost_usd": round(sum(j.get("cost_usd") or 0.0 for j in self.jobs), 4),
             "heldout": self.heldout_latest(),
             "findings": self.findings().to_json(),
@@ -102,13 +137,17 @@ class RunData:
         from nestor.report import fmt
 
         s = self.summary()
+        k = s["reward_compared_steps"]
         rows = [("policy", s["policy"] or fmt.DASH), ("status", s["status"]),
                 ("outer steps", fmt.num(s["steps"])),
                 ("episodes", f"{fmt.num(s['episodes'])} ({fmt.num(s['episodes_done'])} finished)"),
                 ("mean episode reward", fmt.num(s["reward_mean"])),
-                ("reward, first 2 steps → last 2", fmt.arrow(s["reward_first_2_steps"],
-                                                              s["reward_last_2_steps"])),
-                ("jobs trained", f"{fmt.num(s['jobs_ok'])} ok of {fmt.num(s['jobs'])}"),
+                ("reward, first steps → last",
+                 f"{fmt.arrow(s['reward_first_2_steps'], s['reward_last_2_steps'])} "
+                 f"(first {k} → last {k})" if k else
+                 f"{fmt.DASH} (too short to compare: {s['steps']} step(s))"),
+                ("jobs trained", f"{fmt.num(s['jobs_trained'])} of {fmt.num(s['jobs'])} "
+                                 f"({fmt.num(s['jobs_ok'])} finished ok)"),
                 ("cost of inner jobs", fmt.usd(s["cost_usd"]))]
         if self.steps and self.steps[-1].get("elapsed_s") is not None:
             rows.insert(3, ("wall time", fmt.duration(self.steps[-1]["elapsed_s"])))

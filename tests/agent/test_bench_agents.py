@@ -50,3 +50,23 @@ def test_unreachable_endpoint_ends_episodes_with_a_reason(tmp_path):
 def test_unknown_policy_is_one_line_error():
     out = runner.invoke(app, ["bench", "agents", "--policy", "gpt"])
     assert out.exit_code == 2 and "openai:MODEL" in out.output
+
+
+def test_documented_bench_from_a_fresh_dir(served_tiny_s, tmp_path, monkeypatch):
+    # docs/agents.md's serve + bench example, run as a user would: from an empty directory, no
+    # --out, piped output. Results land in runs/bench-*/ (leaderboard.csv inside, nothing in the
+    # cwd), the table keeps whole cells, the reason each episode failed is printed in full, and
+    # the server logged the error it returned.
+    monkeypatch.chdir(tmp_path)
+    out = runner.invoke(app, ["bench", "agents", "--policy", "openai:tiny-s", "--base-url",
+                              served_tiny_s, "--tasks", "length", "--episodes", "1",
+                              "--workers", "1", "--max-turns", "2", "--budget", "2000",
+                              "--prompt-style", "compact", "--max-retries", "0"])
+    assert out.exit_code == 0, out.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    (bench,) = (tmp_path / "runs").iterdir()
+    assert bench.name.startswith("bench-") and (bench / "leaderboard.csv").is_file()
+    assert "openai:tiny-s" in out.stdout and "policy_error=1" in out.stdout  # not `ope…`
+    assert "exceeds the model's context of 4096" in out.stdout
+    assert "--prompt-style compact" in out.stdout  # the server's error says what to do
+    assert "-> HTTP 400: prompt of" in served_tiny_s.log.read_text()

@@ -91,3 +91,23 @@ def test_sigkill_mid_episode_leaves_a_readable_ledger(tmp_path):
     ep = json.loads(shown.stdout)
     assert [t["role"] for t in ep["turns"]][:3] == ["system", "user", "assistant"]
     assert ep["attempts"] == 1
+
+
+def test_documented_episode_run_from_a_fresh_dir(tmp_path, monkeypatch):
+    # README / docs/agent.md as a user runs them, from an empty directory with no --out: the
+    # episode lands in runs/episode-<timestamp>/ and nothing else is written to the cwd; `runs
+    # list` (piped: no cell cut) calls it a finished episodes directory, not "no steps yet".
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["episode", "run", "--task", "add", "--no-train", "--attempts",
+                              "1", "--budget", "20000"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("episode-") and (run / "ledger.sqlite").is_file()
+    assert f"run dir: {os.path.join('runs', run.name)}" in res.stdout
+    listed = runner.invoke(app, ["runs", "list"])
+    assert listed.exit_code == 0, listed.output
+    line = next(x for x in listed.stdout.splitlines() if run.name in x)  # whole name, piped
+    assert "episodes" in line and "finished" in line and "no steps yet" not in line
+    shown = json.loads(runner.invoke(app, ["runs", "show", str(run), "--json"]).stdout)
+    assert shown["kind"] == "episodes" and shown["status"] == "finished"

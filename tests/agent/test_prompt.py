@@ -50,3 +50,13 @@ def test_rendering_an_episode_prompt_never_imports_the_hidden_eval():
             "print('nestor.tasks.hidden' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_full_prompt_has_the_job_format_once_and_no_engineers_section():
+    spec = TaskRegistry().get("count").spec()
+    text = system_prompt(spec, models=["tiny-m"], token_budget=12_345, max_attempts=2)
+    assert text.count("# The job format") == 1
+    if JOB_FORMAT_DOC.is_file():
+        assert "## For engineers" in JOB_FORMAT_DOC.read_text()  # the doc has one ...
+        assert "For engineers" not in text and "host_ns.py" not in text  # ... the agent not
+        assert "## A complete minimal job" in text and "## The validation probe" in text

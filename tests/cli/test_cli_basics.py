@@ -107,3 +107,18 @@ def test_episode_show_and_list_read_the_fixture(tmp_path):
     assert shown.exit_code == 0, shown.output
     assert "write_file(path=config.toml" in shown.stdout and "pre 0." in shown.stdout
     assert f"job:       {run / 'episodes' / 'ep-0-1' / 'job'}" in shown.stdout
+
+
+def test_pre_post_come_with_wilson_intervals():
+    import re
+
+    from nestor.cli.common import pre_post
+
+    text = pre_post(0.445, 0.455)  # 89 → 91 of 200: a change well inside the noise
+    pre, post = (tuple(map(float, m)) for m in
+                 re.findall(r"(\d\.\d{3}) \[(\d\.\d{3}), (\d\.\d{3})\]", text))
+    for score, lo, hi in (pre, post):
+        assert lo < score < hi and 0.05 < hi - lo < 0.2  # ±~0.07 at n = 200
+    assert "n = 200" in text and "+0.010, within noise" in text
+    assert "intervals apart" in pre_post(0.1, 0.5)
+    assert pre_post(None, 0.5).startswith("pre – → post 0.500 [")

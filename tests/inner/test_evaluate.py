@@ -97,3 +97,15 @@ def test_cli_eval_json_and_errors(cache_dir):
         assert bad.exit_code == 2
         assert "error:" in bad.output and "Traceback" not in bad.output
         assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_cli_eval_tasks_flag_as_bench_and_each_result_once(cache_dir):
+    # `--tasks a,b` as `bench agents --tasks` takes it; each task's result is printed once (the
+    # table), not also as a progress line
+    out = CliRunner().invoke(app, ["eval", "--model", "tiny-s", "--tasks", "length,vowels",
+                                   "--n", "10"])
+    assert out.exit_code == 0, out.output
+    for task in ("length", "vowels"):
+        assert sum(line.split("│")[1].strip() == task for line in out.output.splitlines()
+                   if line.count("│") > 2) == 1, out.output
+        assert f"{task}:" not in out.output  # the old `task: acc [lo, hi] n=` progress line

@@ -187,3 +187,20 @@ def test_the_documented_minimal_job_passes_the_probe(tmp_path):
         assert line in (tmp_path / "data" / "train.jsonl").read_text()
     report = validate_job(tmp_path, TaskRegistry().get("reverse").spec())
     assert report.passed, report.summary()
+
+
+def test_trl_style_keys_get_the_nestor_name(tmp_path):
+    # a TRL / prime-rl habit in config.toml: `job validate` (and a run config) names nestor's key
+    new = tmp_path / "new"
+    assert runner.invoke(app, ["job", "init", str(new), "--task", "sort"]).exit_code == 0
+    text = (new / "config.toml").read_text()
+    (new / "config.toml").write_text(text + "num_generations = 8\nlr = 1e-4\n")
+    result = runner.invoke(app, ["job", "validate", str(new), "--task", "sort", "--json"])
+    (config,) = [c for c in json.loads(result.stdout)["checks"] if c["name"] == "config"]
+    assert not config["ok"]
+    assert "num_generations" in config["message"] and "did you mean `group_size`?" in \
+        config["message"] and "did you mean `learning_rate`?" in config["message"]
+    run = tmp_path / "run.toml"
+    run.write_text('tasks = ["add"]\nnum_generations = 4\n[policy]\nkind = "composer"\n')
+    res = runner.invoke(app, ["train", str(run)])
+    assert res.exit_code == 2 and "did you mean `group_size`?" in res.output

@@ -228,3 +228,30 @@ def test_policy_errors_trip_the_stop_rule_and_isolated_ones_do_not(tmp_path):
     loop = OuterLoop(cfg(steps=MAX_CONSECUTIVE_ERRORS), BanditPolicy(), flaky, tmp_path / "flaky")
     assert len(loop.run()) == MAX_CONSECUTIVE_ERRORS
     assert loop.counters["policy_errors"] >= MAX_CONSECUTIVE_ERRORS
+
+
+def test_a_short_run_wastes_no_episode(tmp_path):
+    # `nestor train configs/quickstart.toml --steps 2`'s shape (G = 4, B = 1, 8 in flight): the
+    # loop used to start a window of extra groups that the run's end then threw away (16
+    # episodes played, 8 trained on). docs/outer.md: no episode is wasted at the end of a run.
+    from nestor.outer.run import summarize_run
+
+    calls = []
+    fn = make_episode_fn(delay=0.02, calls=calls, reward_fn=lambda arm, t: float(t.slot))
+    loop = OuterLoop(cfg(steps=2, group_size=4, max_in_flight=8), BanditPolicy(), fn, tmp_path)
+    rows = loop.run()
+    assert loop.join(timeout_s=5.0) == 0
+    assert len(calls) == 8 == sum(r["episodes"] for r in rows)
+    summary = summarize_run(tmp_path)  # 2 steps: step 1 → step 2, never the same steps
+    assert summary["compared_steps"] == 1
+    assert summary["first2_reward"] == rows[0]["reward_mean"]
+    assert summary["last2_reward"] == rows[1]["reward_mean"]
+
+
+def test_first_last_never_share_a_step():
+    from nestor.outer.metrics import first_last
+
+    assert first_last([0.1]) == (None, None, 0)
+    assert first_last([0.1, 0.3]) == (0.1, 0.3, 1)
+    assert first_last([0.1, 0.2, 0.9]) == (0.1, 0.9, 1)
+    assert first_last([0.0, 0.2, 0.4, 0.6, 1.0]) == (0.1, 0.8, 2)

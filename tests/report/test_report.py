@@ -1,5 +1,6 @@
 import json
 import re
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -110,7 +111,7 @@ def test_runs_list_and_show(tmp_path):
     assert shown["heldout"]["trained"]["step"] == 3
     text = runner.invoke(app, ["runs", "show", str(tmp_path / "runs" / "a")],
                          env={"COLUMNS": "160"}).stdout
-    assert "12 ok of 16" in text and "0.260 (n = 4, step 3)" in text  # held-out trained at step 3
+    assert "12 of 16 (12 finished ok)" in text and "0.260 (n = 4, step 3)" in text  # held-out trained at step 3
     assert not re.search(r"\d\.\d{5,}", text) and "{" not in text
 
 
@@ -120,7 +121,7 @@ def test_runs_compare_table_plot_and_json(tmp_path):
     out = runner.invoke(app, ["runs", "compare", str(a), str(b)], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     assert "reward curve" in out.stdout and "▁▃▅█" in out.stdout  # a's rising curve
-    assert "12 ok of 16" in out.stdout and "6 ok of 8" in out.stdout
+    assert "12 of 16 (12 finished ok)" in out.stdout and "6 of 8 (6 finished ok)" in out.stdout
     plot = a / "report" / "compare-with-b.png"
     assert plot.stat().st_size > 5_000
     shown = json.loads(runner.invoke(app, ["runs", "compare", str(a), str(b), "--json",
@@ -165,3 +166,55 @@ def test_headline_says_not_enough_data(tmp_path):
     rows = {r["key"]: r for r in headline(RunData.load(run))}
     assert rows["reward"]["mark"] == "not enough data" and rows["reward"]["verdict"] == ""
     assert "not enough data" in write_report(run).read_text()
+
+
+def test_runs_list_tells_each_kind_apart(tmp_path):
+    # a training run, a `bench agents` dir, an `episode run` dir and a job checkpoint side by
+    # side: each gets its kind; none is "no steps yet"; the checkpoint is no 20-step run
+    from nestor.ledger import Ledger
+
+    root = tmp_path / "runs"
+    make_run(root / "train-20261203-101010", steps=3)
+    for name, group in (("bench-20261203-101010", "bench:openai:m"),
+                        ("bench-20261203-101011", "bench:openai:m"),
+                        ("episode-20261203-101010", None)):
+        with Ledger(root / name) as ledger:
+            ledger.start_episode("e1", task_id="add", family="arithmetic", difficulty=0,
+                                 policy="openai:m", policy_version=0, config={}, group_id=group)
+            ledger.finish_episode("e1", end_reason="policy_error", reward=0.0, components={})
+    job = root / "job-20261203-101010"
+    job.mkdir()
+    (job / "nestor_job.json").write_text(json.dumps({"task_id": "add", "steps": 20}))
+    (job / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward_mean": 0.1}) + "\n"
+                                               for i in range(20)))
+    rows = {Path(r["run_dir"]).name: r for r in json.loads(runner.invoke(app, ["runs", "list", str(root),
+                                                                 "--json"]).stdout)}
+    assert {n: (r["kind"], r["status"]) for n, r in rows.items()} == {
+        "train-20261203-101010": ("train", "finished"),
+        "bench-20261203-101010": ("bench", "finished"),
+        "bench-20261203-101011": ("bench", "finished"),
+        "episode-20261203-101010": ("episodes", "finished"),
+        "job-20261203-101010": ("job", "checkpoint")}
+    text = runner.invoke(app, ["runs", "list", str(root)]).stdout  # piped: the 80-col default
+    assert "bench-20261203-101010" in text and "bench-20261203-101011" in text
+    assert "train-20261203-101010" in text  # the directory, not the config's name
+    shown = runner.invoke(app, ["runs", "show", str(job)])
+    assert shown.exit_code == 2 and "job checkpoint" in shown.output
+
+
+def test_runs_show_counts_jobs_trained_as_the_reward_does(tmp_path):
+    from nestor.ledger import Ledger
+
+    run = tmp_path / "episode-1"
+    with Ledger(run) as ledger:
+        ledger.start_episode("e1", task_id="add", family="arithmetic", difficulty=0,
+                             policy="composer", policy_version=0, config={})
+        ledger.add_job("e1-job", "e1", {})
+        ledger.add_result("e1-job", {"status": "ok", "pre_score": 0.1, "post_score": 0.1,
+                                     "steps": 2})
+        # ok, but no step trained a group with reward variance: the reward says trained 0
+        ledger.finish_episode("e1", end_reason="ok", reward=0.0, components={"trained": 0.0})
+    shown = json.loads(runner.invoke(app, ["runs", "show", str(run), "--json"]).stdout)
+    assert shown["jobs_ok"] == 1 and shown["jobs_trained"] == 0
+    text = runner.invoke(app, ["runs", "show", str(run)]).stdout
+    assert "0 of 1 (1 finished ok)" in text
