@@ -78,7 +78,7 @@ def run_mode(args) -> dict:
             records: list = [None] * args.group
             c0 = time.process_time()
 
-            def episode(i, g=g):
+            def episode(i, g=g, records=records):
                 records[i] = run_episode(policy, spec, None, ledger, cfg,
                                          episode_id=f"g{g}-{i}", seed=g * args.group + i)
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +45,10 @@ import torch
 
 from nestor.models.prefix_cache import PrefixCache
 from nestor.models.sampler import sample
-from nestor.policy.base import Message, Observation, TrainItem, Turn
+from nestor.policy.base import Observation, TrainItem, Turn
 from nestor.policy.batching import RequestBatcher
-from nestor.policy.chat import parse_assistant, to_hf_messages
+from nestor.policy.chat import parse_assistant
+from nestor.policy.lm_context import ContextRenderer
 from nestor.policy.lm_sequence import (
     PackedSequence,
     action_logprobs,
@@ -60,7 +60,6 @@ from nestor.policy.oom import PolicyOutOfMemory, free_memory, is_oom
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DEFAULT_TIS_CAP = 2.0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-HISTORY_ENTRIES = 1024  # episodes' last turns remembered for extending their contexts
 
 
 def default_turn_tokens(max_context: int) -> int:
@@ -198,13 +197,11 @@ class LMPolicy:
         self.malformed_calls = 0
         self.turns_sampled = 0
         self.counters = {"oom_act_splits": 0, "oom_act_dropped": 0, "act_batch_retries": 0,
-                         "oom_train_splits": 0, "oom_train_dropped_turns": 0,
-                         "contexts_extended": 0, "contexts_rerendered": 0}
+                         "oom_train_splits": 0, "oom_train_dropped_turns": 0}
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
-        # An episode's next context extends its last one: the rendered conversation up to and
-        # including our reply (the key) -> the tokens the model saw and sampled for it.
-        self.extend_contexts = extend_contexts
-        self._history: OrderedDict[str, list[int]] = OrderedDict()
+        self.contexts = ContextRenderer(tokenizer, eos_id=self.eos_id, prefix_ids=self._prefix_ids,
+                                        keep=self.max_context - self.max_new_tokens,
+                                        extend=extend_contexts)
         # Episodes act from threads: concurrent turns share one batched sampling call. A fast
         # tokenizer is not safe to call from several threads at once: `_lock` guards it (and
         # the counters), never a forward pass, so turns queue up while a batch samples.
@@ -231,52 +228,17 @@ class LMPolicy:
 
     # ---- acting -------------------------------------------------------------------------
 
-    def _template(self, messages: list[Message], tools, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            to_hf_messages(messages), tools=tools or None,
-            add_generation_prompt=generation_prompt, tokenize=False)
-
-    def _fit(self, ids: list[int]) -> list[int]:
-        keep = self.max_context - self.max_new_tokens  # > 0 (checked at construction)
-        return ids[-keep:] if len(ids) > keep else ids  # the most recent context wins
-
     def render(self, obs: Observation) -> list[int]:
         """The conversation as the chat template renders it, ending with the generation prompt
         (and the response prefix), cut to the context window (the most recent tokens win)."""
-        text = self._template(obs.messages, obs.tools, True)
-        return self._fit(self.tokenizer(text, add_special_tokens=False).input_ids
-                         + self._prefix_ids)
+        with self._lock:
+            return self.contexts.render(obs)
 
     def context_for(self, obs: Observation) -> list[int]:
-        """The context of the next turn: when this policy sampled the conversation's last
-        assistant message, its context + sampled tokens + the messages since, rendered by the
-        template (a prefix extension: the episode trains in one pass); else `render(obs)`.
-        Call with `_lock` held (the tokenizer)."""
-        last = max((i for i, m in enumerate(obs.messages) if m.role == "assistant"), default=-1)
-        if self.extend_contexts and last >= 0:
-            upto = self._template(obs.messages[:last + 1], obs.tools, False)
-            seen = self._history.get(upto)
-            full = self._template(obs.messages, obs.tools, True)
-            end = upto.rfind(self.tokenizer.eos_token)
-            if seen is not None and full.startswith(upto) and end >= 0:
-                # the template's text after our reply's end-of-turn, then the new messages
-                rest = upto[end + len(self.tokenizer.eos_token):] + full[len(upto):]
-                ids = seen + self.tokenizer(rest, add_special_tokens=False).input_ids
-                self.counters["contexts_extended"] += 1
-                return self._fit(ids + self._prefix_ids)
-            self.counters["contexts_rerendered"] += 1
-        return self.render(obs)
-
-    def _remember(self, obs: Observation, message: Message, context: list[int],
-                  actions: list[int]) -> None:
-        """Record what the model saw and sampled for `message` (with `_lock` held)."""
-        if not self.extend_contexts:
-            return
-        key = self._template([*obs.messages, message], obs.tools, False)
-        ended = actions if actions and actions[-1] == self.eos_id else [*actions, self.eos_id]
-        self._history[key] = list(context) + ended
-        while len(self._history) > HISTORY_ENTRIES:
-            self._history.popitem(last=False)
+        """The next turn's context: the episode's last context + sampled tokens + the messages
+        since, where this policy sampled its last turn; else `render` (lm_context.py)."""
+        with self._lock:
+            return self.contexts.context_for(obs)
 
     @torch.no_grad()
     def sample_batch(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
@@ -327,8 +289,7 @@ class LMPolicy:
         return self._batcher(context_ids)
 
     def act(self, obs: Observation) -> Turn:
-        with self._lock:
-            context = self.context_for(obs)
+        context = self.context_for(obs)
         actions, logprobs = self.sample(context)
         with self._lock:
             text = self.response_prefix + self.tokenizer.decode(
@@ -339,7 +300,7 @@ class LMPolicy:
         with self._lock:
             if error is not None:
                 self.malformed_calls += 1
-            self._remember(obs, message, context, actions)
+            self.contexts.remember(obs, message, context, actions)
         return Turn(message=message, action_ids=actions, sample_logprobs=logprobs,
                     context_ids=context, parse_error=error)
 
@@ -422,6 +383,8 @@ class LMPolicy:
                 "truncated_frac": weighted("truncated_frac"),
                 "episodes_one_pass": float(one_pass), "oom_dropped_turns": float(dropped),
                 "malformed_calls_total": float(self.malformed_calls),
+                "contexts_extended_total": float(self.contexts.extended),
+                "contexts_rerendered_total": float(self.contexts.rerendered),
                 **{f"{k}_total": float(v) for k, v in self.counters.items()}}
 
     # ---- persistence --------------------------------------------------------------------

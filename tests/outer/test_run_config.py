@@ -89,4 +89,4 @@ def test_lm_memory_knobs_reach_the_policy():
     policy = make_policy(cfg)
     assert policy.max_context == 1024 and policy.max_new_tokens == 64
     assert not policy.gradient_checkpointing and policy.prefix_cache is None
-    assert not policy.extend_contexts
+    assert not policy.contexts.extend

@@ -110,3 +110,27 @@ def test_one_pass_and_per_turn_training_give_the_same_gradient():
     assert any(float(g.abs().max()) > 0 for g, _ in grads)
     for g_turns, g_one in grads:
         assert torch.allclose(g_turns, g_one, rtol=1e-4, atol=1e-7)
+
+
+def test_each_episode_extends_its_own_tokens_when_two_replies_read_alike(agent):
+    # Two episodes (seeds 1 and 2) reply "hello" and "hello  " (the same message once
+    # stripped): each next context must carry that episode's own sampled tokens.
+    replies = {1: "hello", 2: "hello  "}
+    firsts = {}
+    for seed, text in replies.items():
+        ids = agent.tokenizer(text, add_special_tokens=False).input_ids + [agent.eos_id]
+        agent.sample = lambda ctx, ids=ids: (ids, [-0.1] * len(ids))
+        try:
+            firsts[seed] = agent.act(Observation(obs().messages, TOOLS, seed=seed))
+        finally:
+            del agent.sample
+    assert firsts[1].message.content == firsts[2].message.content == "hello"
+    for seed, first in firsts.items():
+        messages = [*obs().messages, first.message, Message("tool", "ok")]
+        context = agent.context_for(Observation(messages, TOOLS, seed=seed))
+        own = first.context_ids + first.action_ids
+        assert context[:len(own)] == own
+    # an episode this policy never saw (another seed) is rendered by the template instead
+    messages = [*obs().messages, firsts[1].message, Message("tool", "ok")]
+    other = agent.context_for(Observation(messages, TOOLS, seed=3))
+    assert other == agent.render(Observation(messages, TOOLS, seed=3))
