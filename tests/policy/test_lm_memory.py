@@ -141,3 +141,25 @@ def test_the_turn_cap_must_leave_room_for_a_context():
     agent = lm.LMPolicy(model, tok, max_new_tokens=500, max_context=512)
     ids = agent.render(obs(Message("user", "y" * 2000)))
     assert len(ids) == 12  # the most recent 512 - 500 tokens, not the whole context
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_gradient_checkpointing_recomputes_layers_in_the_backward_pass(checkpointing):
+    agent = tiny_agent(learning_rate=1e-2, max_new_tokens=8,
+                       gradient_checkpointing=checkpointing)
+    turn = agent.act(obs())
+    # the decoder layer is what is checkpointed; its MLP runs again in the backward replay
+    # (module hooks are off during the replay, so count calls of the MLP's forward itself)
+    mlp = agent.model.get_base_model().model.layers[0].mlp
+    calls = []
+    real = mlp.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    mlp.forward = counted
+    stats = agent.train_step([TrainItem([turn], 1.0, 0)])
+    # one forward, plus its recomputation in backward when checkpointing
+    assert len(calls) == (2 if checkpointing else 1)
+    assert stats["ratio_mean"] == pytest.approx(1, abs=1e-4) and not agent.model.training
