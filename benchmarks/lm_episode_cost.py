@@ -109,6 +109,10 @@ def run_mode(args) -> dict:
     return {"mode": args.mode, "model": args.model, "episodes": n, "turns": turns,
             "sampled_tokens": tokens, "first_context_tokens": first_context,
             "cpu_s_per_episode": round((act_cpu + train_cpu) / n, 1),
+            # episodes end early at random (a submit, a reply without a call): per turn and per
+            # sampled token compare runs whose episodes happened to differ in length
+            "cpu_s_per_turn": round((act_cpu + train_cpu) / max(1, turns), 1),
+            "act_cpu_s_per_token": round(act_cpu / max(1, tokens), 3),
             "act_cpu_s_per_episode": round(act_cpu / n, 1),
             "train_cpu_s_per_episode": round(train_cpu / n, 1),
             "load_cpu_s": round(load_cpu, 1), "peak_rss_mb": round(peak_rss_mb()),
