@@ -51,10 +51,11 @@ class EpisodeConfig(BaseModel):
                                  "also the scale of the speed tie-breaker.")
     difficulty: int = Field(0, ge=0, le=3, description="Task difficulty (input size level).")
     models: list[str] = Field(["tiny-s", "tiny-m"], description="Base models offered.")
-    prompt_style: Literal["full", "compact"] = Field(
+    prompt_style: Literal["full", "compact", "short"] = Field(
         "full", description="System prompt: the full job format and config surface (~4,200 "
-        "SmolLM2 tokens), or a compact one (one worked job: ~1,200, ~2,000 with the tool "
-        "schemas) for small-context models.")
+        "SmolLM2 tokens), a compact one (one worked job: ~1,200, ~2,000 with the tool "
+        "schemas) for small-context models, or a short one (no worked job; for a model "
+        "warm-started by `nestor sft`).")
     reward: RewardConfig = Field(default_factory=RewardConfig)
 
 

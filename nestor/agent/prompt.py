@@ -111,9 +111,40 @@ group_size × max_new_tokens ≤ {token_budget:,}. {max_attempts} submit attempt
 {spec.instructions}"""
 
 
+def short_system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
+                        max_attempts: int) -> str:
+    """For a warm-started model (`nestor sft`), which learned the job format from
+    demonstrations: the role, the four files, the budget rule and the task — no worked job and
+    no JobConfig table. Every turn re-reads the prompt, so each token left out is paid back on
+    every turn of every episode."""
+    return f"""{ROLE}
+
+Write the job with write_file, one call per file, then call submit: config.toml (base_model \
+and GRPO hyperparameters), data/train.jsonl ({{"prompt", "answer"}} rows in the task's exact \
+test format), env/pyproject.toml and env/<name>/__init__.py (a verifiers v1 vf.Taskset whose \
+Task has @vf.reward methods returning floats in [0, 1]). A failed submit's report names what to \
+fix.
+
+Base models: {", ".join(f"`{m}`" for m in models)}. Budget: max_steps × prompts_per_step × \
+group_size × max_new_tokens ≤ {token_budget:,}. {max_attempts} submit attempts.
+
+# The task
+
+{spec.instructions}"""
+
+
+PROMPT_STYLES = ("full", "compact", "short")
+
+
 def system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
                   max_attempts: int, style: str = "full") -> str:
-    """The episode's system prompt; `style="compact"` for small models (see above)."""
+    """The episode's system prompt; `style="compact"` for small models, `"short"` for a
+    warm-started one (see above)."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style {style!r}: choose {', '.join(PROMPT_STYLES)}")
+    if style == "short":
+        return short_system_prompt(spec, models=models, token_budget=token_budget,
+                                   max_attempts=max_attempts)
     if style == "compact":
         return compact_system_prompt(spec, models=models, token_budget=token_budget,
                                      max_attempts=max_attempts)

@@ -140,8 +140,9 @@ def agents(
     budget: int = typer.Option(20_000, "--budget", min=1000, help="Sampled-token cap per job."),
     workers: int = typer.Option(2, "--workers", min=1, help="Local pool workers."),
     max_turns: int = typer.Option(12, "--max-turns", min=1, max=200),
-    prompt_style: str = typer.Option("full", "--prompt-style", help="full or compact (for "
-                                     "small-context models, e.g. a served smollm2-135m)."),
+    prompt_style: str = typer.Option("full", "--prompt-style", help="full, compact (for "
+                                     "small-context models, e.g. a served smollm2-135m) or "
+                                     "short (a warm-started model)."),
     run_dir: Path | None = typer.Option(None, "--out", "--run-dir", help="Where everything "
                                         "goes: ledger, episodes, leaderboard.csv (default "
                                         "runs/bench-<timestamp>)."),
@@ -193,8 +194,8 @@ def agents(
              "tinker-local:MODEL")
     run_dir = run_dir or default_out("bench")
     leaderboard = leaderboard or run_dir / "leaderboard.csv"
-    if prompt_style not in ("full", "compact"):
-        fail(f"--prompt-style {prompt_style!r}: choose full or compact")
+    if prompt_style not in ("full", "compact", "short"):
+        fail(f"--prompt-style {prompt_style!r}: choose full, compact or short")
     cfg = EpisodeConfig(max_turns=max_turns, token_budget=budget, prompt_style=prompt_style)
     try:
         pool = make_pool(load_pool_config(workers=workers))

@@ -79,8 +79,9 @@ def run(
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=16, max=8192,
                                        help="lm, tinker: token cap per turn (a dataset file "
                                        "needs hundreds)."),
-    prompt_style: str = typer.Option("full", "--prompt-style", help="full or compact (one "
-                                     "worked job; for small-context models like smollm2-135m)."),
+    prompt_style: str = typer.Option("full", "--prompt-style", help="full, compact (one "
+                                     "worked job; for small-context models like smollm2-135m) "
+                                     "or short (no worked job; a warm-started model)."),
     train: bool = typer.Option(True, "--train/--no-train",
                                help="Send a validated job to the pool (else stop there)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Local pool workers."),
@@ -98,8 +99,8 @@ def run(
         fail(str(exc))
     run_dir = run_dir or default_out("episode")
     require_sandbox()
-    if prompt_style not in ("full", "compact"):
-        fail(f"--prompt-style {prompt_style!r}: choose full or compact")
+    if prompt_style not in ("full", "compact", "short"):
+        fail(f"--prompt-style {prompt_style!r}: choose full, compact or short")
     pol = _make_policy(policy, checkpoint, seed, budget, model, max_new_tokens)
     cfg = EpisodeConfig(max_turns=max_turns, max_attempts=attempts, token_budget=budget,
                         job_timeout_s=timeout, difficulty=difficulty, prompt_style=prompt_style)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from nestor.models.prefix_cache import PrefixCache
+
 
 @dataclass
 class Samples:
@@ -63,10 +65,13 @@ def decode(tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tenso
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], max_new_tokens: int, *, eos_id: int, pad_id: int,
            temperature: float = 1.0, greedy: bool = False,
-           generator: torch.Generator | None = None, tokenizer=None) -> Samples:
+           generator: torch.Generator | None = None, tokenizer=None,
+           prefix_cache: PrefixCache | None = None) -> Samples:
     """Sample up to `max_new_tokens` per prompt; a row stops at its first `eos_id`.
 
     `tokenizer` decodes `texts`; by default the one `load_model` attached to the model.
+    `prefix_cache`: the prefix all prompts share is taken from (and added to) it; only the
+    rest of each prompt is prefilled here.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("sample() needs a non-empty list of non-empty prompts")
@@ -79,18 +84,27 @@ def sample(model, prompts: list[list[int]], max_new_tokens: int, *, eos_id: int,
     prompt_ids, prompt_mask = left_pad(prompts, pad_id, device)
     batch = prompt_ids.shape[0]
 
-    cache = DynamicCache()
-    attn = prompt_mask.long()  # [B, P + t], grows by one column per step
+    # A shared prefix of P0 tokens comes from the prefix cache, as the first P0 columns of the
+    # KV cache; each row's own rest follows, left-padded: [prefix | pad | rest]. The padding
+    # columns are masked and the positions given explicitly, so every row sees its own prompt.
+    shared, cache = (prefix_cache.prefill(model, prompts) if prefix_cache is not None
+                     else (0, None))
+    cache = cache if cache is not None else DynamicCache()
+    rest_ids, rest_mask = left_pad([p[shared:] for p in prompts], pad_id, device)  # [B, R]
+    attn = torch.cat([torch.ones((batch, shared), dtype=torch.long, device=device),
+                      rest_mask.long()], dim=1)  # [B, P0 + R + t], one column more per step
     # Prefill each distinct prompt once (a GRPO group repeats its prompt G times), then gather
     # its KV cache and last logits to every row that shares it: the prefill costs P, not P*G.
     first, rows = distinct_rows(prompts)
-    out = model(input_ids=prompt_ids[first], attention_mask=attn[first],
-                position_ids=positions(prompt_mask[first]), past_key_values=cache,
+    if shared and len(first) > 1:
+        cache.batch_repeat_interleave(len(first))
+    out = model(input_ids=rest_ids[first], attention_mask=attn[first],
+                position_ids=shared + positions(rest_mask[first]), past_key_values=cache,
                 use_cache=True, logits_to_keep=1)
     if len(first) < batch:
         cache.batch_select_indices(rows.to(device))
     last_logits = out.logits[rows.to(device), -1, :]  # [B, V]
-    next_pos = prompt_mask.long().sum(-1, keepdim=True)  # [B, 1] position of the next token
+    next_pos = shared + rest_mask.long().sum(-1, keepdim=True)  # [B, 1] position of next token
 
     # Rows leave the batch (and the KV cache) at their eos, so late steps only pay for the rows
     # still generating; results go to their original row in the [B, T] outputs.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from nestor.agent.reward import RewardConfig
 from nestor.config import validation_problems
@@ -64,6 +64,21 @@ class PolicyConfig(_Section):
         "model's max_position_embeddings, 36,864+ for Qwen3): a turn's context keeps its most "
         "recent max_context - max_new_tokens tokens. Lower it when a long episode runs out of "
         "memory. tinker: default what the service reports for the model.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="lm: dtype of the model's frozen weights (auto: float32 on the CPU, "
+        "the checkpoint's own elsewhere, bf16 for Qwen3); the LoRA and its Adam state are "
+        "always float32.")
+    gradient_checkpointing: bool = Field(
+        True, description="lm: recompute activations in the backward pass (memory ~ one layer "
+        "of a sequence, not all of them; ~30% more compute).")
+    prefix_cache_tokens: int = Field(
+        8192, ge=0, le=1_000_000, description="lm: tokens of shared prompt prefixes whose KV "
+        "cache is kept across sampling calls (the system prompt, a lone episode's last "
+        "context); 0 = off.")
+    extend_contexts: bool = Field(
+        True, description="lm: a turn's context is the previous turn's context + its sampled "
+        "tokens + the new messages (the model sees its own tokens and an episode trains in one "
+        "forward pass); false: the chat template re-renders the whole conversation each turn.")
     credit: Literal["marginal", "episode"] = Field(
         "marginal", description="composer: marginal (each decision learns from its choices' "
         "pooled mean advantages, SGD at credit_lr) or episode (IS-GRPO with Adam at "
@@ -75,6 +90,13 @@ class PolicyConfig(_Section):
     model_conditioned: bool = Field(True, description="composer: a per-base-model offset on "
                                     "the config decisions (the right config depends on the "
                                     "model).")
+
+    @model_validator(mode="after")
+    def _turn_fits_the_context(self) -> PolicyConfig:
+        if self.max_context and self.max_new_tokens and self.max_new_tokens >= self.max_context:
+            raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be below max_context "
+                             f"({self.max_context}): a turn's context needs room too")
+        return self
 
 
 class RunConfig(_Section):

@@ -35,7 +35,10 @@ def make_policy(config: RunConfig, run_dir: Path | None = None):
             pc.model, device=pc.device, learning_rate=config.learning_rate,
             lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha, temperature=pc.temperature,
             max_new_tokens=pc.max_new_tokens, clip_ratio=config.clip_ratio,
-            tis_cap=config.tis_cap, seed=config.seed, response_prefix=pc.response_prefix)
+            tis_cap=config.tis_cap, seed=config.seed, response_prefix=pc.response_prefix,
+            dtype=pc.dtype, max_context=pc.max_context,
+            gradient_checkpointing=pc.gradient_checkpointing,
+            prefix_cache_tokens=pc.prefix_cache_tokens, extend_contexts=pc.extend_contexts)
     from nestor.policy.composer import Composer, ComposerConfig
 
     episode = config.episode_config()

@@ -95,18 +95,20 @@ def build_batch(groups: list[Group], version: int, *, max_steps_off_policy: int,
     """TrainItems for the groups that carry signal and pass the staleness rule, plus counts.
 
     `hard_max_staleness` (token policies): a group staler than this is dropped even when
-    stale groups are otherwise reweighted — per-token ratios that far off policy are noise.
+    stale groups are otherwise reweighted, and even when `max_steps_off_policy` is larger —
+    per-token ratios that far off policy are noise.
     """
     items: list[TrainItem] = []
     stats = BatchStats(groups=len(groups))
     for group in groups:
         stale = group.staleness(version)
         stats.staleness.append(stale)
+        # the hard cap applies whatever max_steps_off_policy is (even when it is larger)
+        too_old = hard_max_staleness is not None and stale > hard_max_staleness
+        if too_old or (stale > max_steps_off_policy and stale_groups == "drop"):
+            stats.stale_dropped += 1
+            continue
         if stale > max_steps_off_policy:
-            too_old = hard_max_staleness is not None and stale > hard_max_staleness
-            if stale_groups == "drop" or too_old:
-                stats.stale_dropped += 1
-                continue
             stats.stale_kept += 1
         advantages = group_advantages(group.rewards())
         if advantages is None:

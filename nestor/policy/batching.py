@@ -28,7 +28,8 @@ class RequestBatcher:
 
     The first caller to find no batch running leads: it waits up to `window_s` for others (or
     until `max_batch` are queued), runs `fn` on the queue, and hands every caller its own result
-    (or the exception). Requests that arrive while a batch runs form the next batch, so under
+    (or the exception: `fn` raising fails the whole batch; `fn` returning an exception in a
+    row's place fails that row's caller only). Requests that arrive while a batch runs form the next batch, so under
     load batches fill by themselves; a lone caller pays at most `window_s`.
     """
 
@@ -70,8 +71,11 @@ class RequestBatcher:
             if len(results) != len(batch):
                 raise RuntimeError(f"batched call returned {len(results)} results for "
                                    f"{len(batch)} requests")
-            for r, out in zip(batch, results, strict=True):
-                r.result = out
+            for r, out in zip(batch, results, strict=True):  # an exception: that caller's
+                if isinstance(out, BaseException):
+                    r.error = out
+                else:
+                    r.result = out
         except BaseException as exc:  # every caller of the batch sees it
             for r in batch:
                 r.error = exc

@@ -4,7 +4,9 @@ A LoRA adapter (peft) is the only trained part. `act` renders the conversation a
 with the model's chat template, samples one assistant turn with its own KV-cache loop, records
 the sampled token ids and their log-probabilities (under the temperature-scaled distribution)
 and parses Qwen3-style tool calls. `train_step` re-scores exactly those tokens in their recorded
-context and applies the importance-sampling policy-gradient loss below.
+context and applies the importance-sampling policy-gradient loss below: an episode whose turns
+extend each other (see `context_for`) in one forward pass over its whole token sequence
+(nestor/policy/lm_sequence.py), any other turn by turn.
 
 The loss (one place, shared with any policy that records per-action logprobs):
 
@@ -20,7 +22,15 @@ min of the plain and the clipped ratio (clipped to [1-c, 1+c]).
 
 Acting: episodes act from many threads; concurrent turns are gathered into one batched,
 left-padded sampling call (`RequestBatcher`), so G episodes of a group cost one forward per
-token, not G.
+token, not G. The prompt prefix a batch shares (the system prompt; a lone episode's previous
+context) comes from a KV cache of prefixes (nestor/models/prefix_cache.py). A turn's context is
+the previous turn's context + its sampled tokens + the newly rendered messages: the model sees
+its own tokens, never a re-rendering of them.
+
+Memory: the model runs in its own dtype (bf16 for a Qwen3 checkpoint on a GPU; float32 on the
+CPU), the LoRA parameters and their Adam state in float32; training recomputes activations
+(gradient checkpointing); an out-of-memory error splits the work and retries, and what does
+not fit alone is dropped and counted (nestor/policy/oom.py).
 """
 
 from __future__ import annotations
@@ -32,15 +42,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from nestor.models.prefix_cache import PrefixCache
 from nestor.models.sampler import sample
 from nestor.policy.base import Observation, TrainItem, Turn
 from nestor.policy.batching import RequestBatcher
-from nestor.policy.chat import parse_assistant, to_hf_messages
+from nestor.policy.chat import parse_assistant
+from nestor.policy.lm_context import ContextRenderer
+from nestor.policy.lm_sequence import (
+    PackedSequence,
+    action_logprobs,
+    episode_sequence,
+    turn_sequence,
+)
+from nestor.policy.oom import PolicyOutOfMemory, free_memory, is_oom
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DEFAULT_TIS_CAP = 2.0
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def default_turn_tokens(max_context: int) -> int:
@@ -97,12 +116,17 @@ def token_logprobs(model, context_ids: list[int], action_ids: list[int],
     Only the T positions that predict actions go through the LM head (`logits_to_keep`): the
     context's [L, V] logits (L in the thousands, V ~150k for Qwen3) are never built.
     """
-    device = next(model.parameters()).device
-    T = len(action_ids)
-    ids = torch.tensor([context_ids + action_ids[:-1]], device=device)  # [1, L+T-1]
-    logits = model(input_ids=ids, logits_to_keep=T).logits[0]  # [T, V]: positions L-1..L+T-2
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(1, torch.tensor(action_ids, device=device)[:, None])[:, 0]  # [T]
+    return action_logprobs(model, list(context_ids) + list(action_ids),
+                           [False] * len(context_ids) + [True] * len(action_ids), temperature)
+
+
+def model_dtype(dtype: str, device: str) -> torch.dtype | None:
+    """"auto": float32 on the CPU (bf16 matmuls are slow there), else the checkpoint's own."""
+    if dtype == "auto":
+        return torch.float32 if torch.device(device).type == "cpu" else None
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 class _LockedDecoder:
@@ -126,18 +150,32 @@ class LMPolicy:
                  max_context: int | None = None, clip_ratio: float = 0.0,
                  tis_cap: float = DEFAULT_TIS_CAP, grad_clip: float = 1.0, seed: int = 0,
                  act_batch_size: int = 8, act_batch_window_s: float = 0.01,
-                 response_prefix: str = ""):
+                 response_prefix: str = "", gradient_checkpointing: bool = True,
+                 prefix_cache_tokens: int = 8192, extend_contexts: bool = True):
         from peft import LoraConfig, get_peft_model
 
         if tokenizer.chat_template is None:
             raise ValueError("the lm policy needs a tokenizer with a chat template")
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
+        self.max_new_tokens = max_new_tokens or default_turn_tokens(self.max_context)
+        if self.max_new_tokens >= self.max_context:  # else no room is left for any context
+            raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be below max_context "
+                             f"({self.max_context}): a turn's context needs room too")
         targets = [t for t in LORA_TARGETS
                    if any(n.endswith(t) for n, _ in model.named_modules())]
         lora = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0,
                           target_modules=targets or None)
+        self.gradient_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:  # activations recomputed in backward (train mode only)
+            enable = (getattr(model, "activation_checkpointing_enable", None)  # transformers 5
+                      or model.gradient_checkpointing_enable)
+            enable({"use_reentrant": False})
         with warnings.catch_warnings():  # peft touches a deprecated transformers property
             warnings.simplefilter("ignore", FutureWarning)
             self.model = get_peft_model(model, lora)
+        for p in self.model.parameters():  # float32 master weights (and Adam state) for LoRA
+            if p.requires_grad:
+                p.data = p.data.float()
         self.model.eval()  # no dropout anywhere: sampler and trainer see the same function
         self.tokenizer = tokenizer
         self.temperature = temperature
@@ -147,8 +185,6 @@ class LMPolicy:
         self.response_prefix = response_prefix
         self._prefix_ids = (tokenizer(response_prefix, add_special_tokens=False).input_ids
                             if response_prefix else [])
-        self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
-        self.max_new_tokens = max_new_tokens or default_turn_tokens(self.max_context)
         self.clip_ratio = clip_ratio
         self.tis_cap = tis_cap
         self.grad_clip = grad_clip
@@ -160,55 +196,100 @@ class LMPolicy:
         self.version = 0
         self.malformed_calls = 0
         self.turns_sampled = 0
+        self.counters = {"oom_act_splits": 0, "oom_act_dropped": 0, "act_batch_retries": 0,
+                         "oom_train_splits": 0, "oom_train_dropped_turns": 0}
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        self.contexts = ContextRenderer(tokenizer, eos_id=self.eos_id, prefix_ids=self._prefix_ids,
+                                        keep=self.max_context - self.max_new_tokens,
+                                        extend=extend_contexts)
         # Episodes act from threads: concurrent turns share one batched sampling call. A fast
         # tokenizer is not safe to call from several threads at once: `_lock` guards it (and
         # the counters), never a forward pass, so turns queue up while a batch samples.
-        self._batcher = RequestBatcher(self.sample_batch, max_batch=act_batch_size,
+        self._batcher = RequestBatcher(self._sample_isolated, max_batch=act_batch_size,
                                        window_s=act_batch_window_s)
         self._lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, *, device: str = "cpu", **kwargs) -> LMPolicy:
-        """Load by registry name (nestor.models) or any local HF directory."""
+    def from_pretrained(cls, name_or_path: str, *, device: str = "cpu", dtype: str = "auto",
+                        **kwargs) -> LMPolicy:
+        """Load by registry name (nestor.models) or any local HF directory, in `dtype` (see
+        `model_dtype`); the LoRA is float32 whatever the model's dtype."""
+        torch_dtype = model_dtype(dtype, device)
         try:
             from nestor.models.registry import load_model
         except ImportError:  # registry not installed: a plain HF directory
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype or "auto")
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         else:
-            model, tokenizer = load_model(name_or_path, device=device)
-        return cls(model.float().to(device), tokenizer, **kwargs)
+            model, tokenizer = load_model(name_or_path, device=device, dtype=torch_dtype)
+        return cls(model.to(device), tokenizer, **kwargs)
 
     # ---- acting -------------------------------------------------------------------------
 
     def render(self, obs: Observation) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            to_hf_messages(obs.messages), tools=obs.tools or None,
-            add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids + self._prefix_ids
-        keep = self.max_context - self.max_new_tokens
-        return ids[-keep:] if len(ids) > keep else ids  # the most recent context wins
+        """The conversation as the chat template renders it, ending with the generation prompt
+        (and the response prefix), cut to the context window (the most recent tokens win)."""
+        with self._lock:
+            return self.contexts.render(obs)
+
+    def context_for(self, obs: Observation) -> list[int]:
+        """The next turn's context: the episode's last context + sampled tokens + the messages
+        since, where this policy sampled its last turn; else `render` (lm_context.py)."""
+        with self._lock:
+            return self.contexts.context_for(obs)
 
     @torch.no_grad()
     def sample_batch(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
         """One turn per context in one left-padded, KV-cached call: for each, the sampled ids
-        (ending in eos unless cut) and their logprobs."""
+        (ending in eos unless cut) and their logprobs. Raises the first row's error, if any."""
+        out = self._sample_isolated(contexts)
+        for r in out:
+            if isinstance(r, BaseException):
+                raise r
+        return out
+
+    def _sample_rows(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
         out = sample(self.model, contexts, self.max_new_tokens, eos_id=self.eos_id,
                      pad_id=self.tokenizer.pad_token_id, temperature=self.temperature,
-                     generator=self.generator, tokenizer=_LockedDecoder(self.tokenizer, self._lock))
+                     generator=self.generator, tokenizer=_LockedDecoder(self.tokenizer, self._lock),
+                     prefix_cache=self.prefix_cache)
         keep = out.completion_mask  # [B, T] True on sampled tokens, eos included
         return [(out.completion_ids[b][keep[b]].tolist(), out.logprobs[b][keep[b]].tolist())
                 for b in range(len(contexts))]
+
+    @torch.no_grad()
+    def _sample_isolated(self, contexts: list[list[int]]) -> list[Any]:
+        """`_sample_rows`, where one row's failure is that row's alone: an out-of-memory error
+        halves the batch and retries; any other error retries each row by itself. A row that
+        fails alone gets its exception in its place (its episode ends `policy_error`)."""
+        try:
+            return self._sample_rows(contexts)
+        except Exception as exc:
+            if is_oom(exc):
+                free_memory(self.device)
+                if len(contexts) == 1:
+                    self.counters["oom_act_dropped"] += 1
+                    return [PolicyOutOfMemory(
+                        f"out of memory sampling one turn of a {len(contexts[0])}-token context "
+                        f"on {self.device}: lower [policy] max_context or max_new_tokens "
+                        f"({exc.__class__.__name__}: {str(exc)[:200]})")]
+                self.counters["oom_act_splits"] += 1
+                half = len(contexts) // 2
+                return (self._sample_isolated(contexts[:half])
+                        + self._sample_isolated(contexts[half:]))
+            if len(contexts) == 1:
+                return [exc]
+            self.counters["act_batch_retries"] += 1
+            return [r for c in contexts for r in self._sample_isolated([c])]
 
     def sample(self, context_ids: list[int]) -> tuple[list[int], list[float]]:
         """One turn, batched with whatever other turns are being sampled at the same time."""
         return self._batcher(context_ids)
 
     def act(self, obs: Observation) -> Turn:
-        with self._lock:
-            context = self.render(obs)
+        context = self.context_for(obs)
         actions, logprobs = self.sample(context)
         with self._lock:
             text = self.response_prefix + self.tokenizer.decode(
@@ -216,49 +297,95 @@ class LMPolicy:
             call_prefix = f"call_{self.turns_sampled}"
             self.turns_sampled += 1
         message, error = parse_assistant(text, call_prefix=call_prefix)
-        if error is not None:
-            with self._lock:
+        with self._lock:
+            if error is not None:
                 self.malformed_calls += 1
+            self.contexts.remember(obs, message, context, actions)
         return Turn(message=message, action_ids=actions, sample_logprobs=logprobs,
                     context_ids=context, parse_error=error)
 
     # ---- training -----------------------------------------------------------------------
 
+    def _backward(self, seq: PackedSequence, advantage: float, scale: float) -> dict[str, float]:
+        """Loss of one packed sequence, backpropagated (scaled by `scale`); its figures."""
+        logp = action_logprobs(self.model, seq.input_ids, seq.action_mask,
+                               self.temperature)[None]  # [1, A]
+        logp_sample = torch.tensor([seq.sample_logprobs], device=self.device)  # [1, A]
+        mask = torch.ones_like(logp, dtype=torch.bool)  # [1, A]: every scored token is an action
+        loss, stats = importance_sampling_loss(
+            logp, logp_sample, torch.tensor([advantage], device=self.device), mask,
+            self.clip_ratio, self.tis_cap)
+        (loss * scale).backward()
+        return {**stats, "loss": float(loss.detach()) * scale, "tokens": float(logp.shape[1])}
+
+    def _guarded(self, params: list[torch.Tensor], seq: PackedSequence, advantage: float,
+                 scale: float) -> dict[str, float] | None:
+        """`_backward`, or None after an out-of-memory error, with the gradients as before."""
+        saved = [None if p.grad is None else p.grad.clone() for p in params]
+        try:
+            return self._backward(seq, advantage, scale)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            for p, g in zip(params, saved, strict=True):  # undo a partial backward
+                p.grad = g
+            free_memory(self.device)
+            return None
+
     def train_step(self, batch: list[TrainItem]) -> dict[str, float]:
-        """One optimizer step on (episode, advantage) pairs; turns are scored one at a time
-        and gradients accumulated, so memory is bounded by the longest turn."""
+        """One optimizer step on (episode, advantage) pairs. An episode whose turns extend each
+        other is one forward + backward over its whole sequence; any other is scored turn by
+        turn; gradients accumulate across them, so memory is bounded by the longest sequence.
+        Out of memory: a whole episode is retried turn by turn; a turn that does not fit alone
+        is dropped (counted in `oom_train_dropped_turns`)."""
         self.optimizer.zero_grad(set_to_none=True)
-        n_items = max(1, len(batch))
-        total_loss, tokens, ratio_sum, ratio_max, clipped, truncated = 0.0, 0, 0.0, 0.0, 0.0, 0.0
-        for item in batch:
-            for turn in item.turns:
-                if not turn.action_ids:
-                    continue
-                logp = token_logprobs(self.model, turn.context_ids, turn.action_ids,
-                                      self.temperature)[None]  # [1, T]
-                logp_sample = torch.tensor([turn.sample_logprobs], device=self.device)  # [1, T]
-                mask = torch.ones_like(logp, dtype=torch.bool)
-                loss, stats = importance_sampling_loss(
-                    logp, logp_sample, torch.tensor([item.advantage], device=self.device), mask,
-                    self.clip_ratio, self.tis_cap)
-                (loss / n_items).backward()
-                t = len(turn.action_ids)
-                total_loss += float(loss.detach()) / n_items
-                tokens += t
-                ratio_sum += stats["ratio_mean"] * t
-                ratio_max = max(ratio_max, stats["ratio_max"])
-                clipped += stats["clipped_frac"] * t
-                truncated += stats["truncated_frac"] * t
         params = [p for p in self.model.parameters() if p.requires_grad]
+        scale = 1.0 / max(1, len(batch))
+        figures: list[dict[str, float]] = []
+        one_pass = dropped = 0
+        self.model.train(self.gradient_checkpointing)  # checkpointing acts in train mode only
+        try:
+            for item in batch:
+                packed = episode_sequence(item.turns)
+                if packed is not None and len(item.turns) > 1:
+                    done = self._guarded(params, packed, item.advantage, scale)
+                    if done is not None:
+                        figures.append(done)
+                        one_pass += 1
+                        continue
+                    self.counters["oom_train_splits"] += 1
+                for turn in item.turns:
+                    if not turn.action_ids:
+                        continue
+                    done = self._guarded(params, turn_sequence(turn), item.advantage, scale)
+                    if done is None:
+                        dropped += 1
+                        self.counters["oom_train_dropped_turns"] += 1
+                    else:
+                        figures.append(done)
+        finally:
+            self.model.eval()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(
             params, self.grad_clip if self.grad_clip > 0 else math.inf))
         self.optimizer.step()
         self.version += 1
-        return {"loss": total_loss, "tokens": float(tokens), "grad_norm": grad_norm,
-                "ratio_mean": ratio_sum / max(1, tokens), "ratio_max": ratio_max,
-                "clipped_frac": clipped / max(1, tokens),
-                "truncated_frac": truncated / max(1, tokens),
-                "malformed_calls_total": float(self.malformed_calls)}
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # cached keys and values were computed by the old weights
+        tokens = sum(f["tokens"] for f in figures)
+
+        def weighted(key: str) -> float:
+            return sum(f[key] * f["tokens"] for f in figures) / max(1.0, tokens)
+
+        return {"loss": sum(f["loss"] for f in figures), "tokens": tokens,
+                "grad_norm": grad_norm, "ratio_mean": weighted("ratio_mean"),
+                "ratio_max": max((f["ratio_max"] for f in figures), default=0.0),
+                "clipped_frac": weighted("clipped_frac"),
+                "truncated_frac": weighted("truncated_frac"),
+                "episodes_one_pass": float(one_pass), "oom_dropped_turns": float(dropped),
+                "malformed_calls_total": float(self.malformed_calls),
+                "contexts_extended_total": float(self.contexts.extended),
+                "contexts_rerendered_total": float(self.contexts.rerendered),
+                **{f"{k}_total": float(v) for k, v in self.counters.items()}}
 
     # ---- persistence --------------------------------------------------------------------
 
@@ -276,7 +403,9 @@ class LMPolicy:
 
         weights = load_file(str(path / "adapter" / "adapter_model.safetensors"),
                             device=str(self.device))
-        set_peft_model_state_dict(self.model, weights)
+        set_peft_model_state_dict(self.model, {k: v.float() for k, v in weights.items()})
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
         state = torch.load(path / "state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]

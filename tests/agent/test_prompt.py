@@ -60,3 +60,20 @@ def test_full_prompt_has_the_job_format_once_and_no_engineers_section():
         assert "## For engineers" in JOB_FORMAT_DOC.read_text()  # the doc has one ...
         assert "For engineers" not in text and "host_ns.py" not in text  # ... the agent not
         assert "## A complete minimal job" in text and "## The validation probe" in text
+
+
+def test_short_prompt_keeps_the_task_and_rules_but_no_worked_job():
+    import pytest
+
+    spec = TaskRegistry().get("count").spec()
+    kwargs = dict(models=["tiny-s", "tiny-m"], token_budget=12_345, max_attempts=2)
+    compact = system_prompt(spec, style="compact", **kwargs)
+    short = system_prompt(spec, style="short", **kwargs)
+    assert spec.instructions in short and "12,345" in short and "2 submit" in short
+    for part in ("config.toml", "data/train.jsonl", "env/pyproject.toml", "@vf.reward",
+                 "`tiny-s`", "`tiny-m`", "write_file", "submit"):
+        assert part in short
+    assert "class ReverseTaskset" not in short and "| `learning_rate` |" not in short
+    assert len(short) - len(spec.instructions) < 0.4 * (len(compact) - len(spec.instructions))
+    with pytest.raises(ValueError, match="choose full, compact, short"):
+        system_prompt(spec, style="tiny", **kwargs)

@@ -15,12 +15,17 @@ def test_gpu_check_runs_its_cpu_half_and_says_why_cuda_was_skipped():
     import torch
 
     out = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--n", "24",
-                          "--threads", "1"], capture_output=True, text=True, timeout=600)
+                          "--threads", "1", "--group", "2"], capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     cpu = summary["results"]["cpu"]
     assert cpu["grpo"]["steps"] == 2 and cpu["grpo"]["kl_sampler_max"] < 1e-3
     assert abs(cpu["lm"]["ratio_mean"] - 1) < 1e-2 and cpu["lm"]["lora_moved"]
+    agent = cpu["lm_agent"]  # multi-turn episodes, one pass each, the prompt's KV reused
+    assert agent["episodes_one_pass"] == agent["episodes"] == 2 and agent["lora_moved"]
+    assert abs(agent["ratio_mean"] - 1) < 1e-3 and agent["lora_float32"]
+    assert agent["prefix_tokens_reused"] > 0 and agent["oom_dropped_turns"] == 0
     assert cpu["eval"]["n"] == 24 and 0 <= cpu["eval"]["pre"] <= 1
     inner = cpu["inner"]  # the inner trainer's GPU items, their CPU half
     assert inner["memory"]["dtype_bytes"] == 2 and inner["memory"]["cap_mb"] == 2048

@@ -43,6 +43,11 @@ def test_token_policies_drop_groups_past_the_hard_staleness_cap():
     items, stats = build_batch([group(6), group(3)], 10, max_steps_off_policy=2,
                                stale_groups="reweight", hard_max_staleness=5)
     assert len(items) == 2 and stats.stale_kept == 1 and stats.stale_dropped == 1
+    # the cap holds even when max_steps_off_policy is above it (stale by 7, cap 5, max 10)
+    for mode in ("reweight", "drop"):
+        items, stats = build_batch([group(6), group(3)], 10, max_steps_off_policy=10,
+                                   stale_groups=mode, hard_max_staleness=5)
+        assert len(items) == 2 and stats.stale_dropped == 1 and stats.stale_kept == 0
 
 
 def test_task_order_is_balanced_and_pure():

@@ -73,3 +73,20 @@ def test_cli_errors_are_one_line(tmp_path):
     assert res.exit_code == 2 and "no config.toml" in res.output
     res = runner.invoke(app, ["train"])
     assert res.exit_code == 2 and "--resume" in res.output
+
+
+def test_lm_memory_knobs_reach_the_policy():
+    from nestor.outer.episodes import make_policy
+
+    with pytest.raises(RunConfigError, match="must be below max_context"):
+        parse_run_config({"tasks": ["reverse"], "policy": {
+            "kind": "lm", "max_context": 512, "max_new_tokens": 512}})
+    with pytest.raises(RunConfigError, match="dtype"):
+        parse_run_config({"tasks": ["reverse"], "policy": {"kind": "lm", "dtype": "fp8"}})
+    cfg = parse_run_config({"tasks": ["reverse"], "learning_rate": 1e-3, "policy": {
+        "kind": "lm", "model": "tiny-m", "max_context": 1024, "max_new_tokens": 64,
+        "gradient_checkpointing": False, "prefix_cache_tokens": 0, "extend_contexts": False}})
+    policy = make_policy(cfg)
+    assert policy.max_context == 1024 and policy.max_new_tokens == 64
+    assert not policy.gradient_checkpointing and policy.prefix_cache is None
+    assert not policy.contexts.extend
