@@ -89,6 +89,14 @@ class BatchStats:
     staleness: list[int] = field(default_factory=list)  # per group, in policy versions
 
 
+def stale_dropped(stale: int, *, max_steps_off_policy: int, stale_groups: str,
+                  hard_max_staleness: int | None = None) -> bool:
+    """The staleness rule: is a group `stale` policy versions old dropped from training?"""
+    if stale <= max_steps_off_policy:
+        return False
+    return stale_groups == "drop" or (hard_max_staleness is not None and stale > hard_max_staleness)
+
+
 def build_batch(groups: list[Group], version: int, *, max_steps_off_policy: int,
                 stale_groups: str, hard_max_staleness: int | None = None
                 ) -> tuple[list[TrainItem], BatchStats]:
@@ -102,11 +110,11 @@ def build_batch(groups: list[Group], version: int, *, max_steps_off_policy: int,
     for group in groups:
         stale = group.staleness(version)
         stats.staleness.append(stale)
+        if stale_dropped(stale, max_steps_off_policy=max_steps_off_policy,
+                         stale_groups=stale_groups, hard_max_staleness=hard_max_staleness):
+            stats.stale_dropped += 1
+            continue
         if stale > max_steps_off_policy:
-            too_old = hard_max_staleness is not None and stale > hard_max_staleness
-            if stale_groups == "drop" or too_old:
-                stats.stale_dropped += 1
-                continue
             stats.stale_kept += 1
         advantages = group_advantages(group.rewards())
         if advantages is None:
