@@ -89,6 +89,15 @@ class BatchStats:
     staleness: list[int] = field(default_factory=list)  # per group, in policy versions
 
 
+def stale_dropped(stale: int, *, max_steps_off_policy: int, stale_groups: str,
+                  hard_max_staleness: int | None = None) -> bool:
+    """The staleness rule: is a group `stale` policy versions old dropped from training? The
+    hard cap applies whatever max_steps_off_policy is (even when it is larger)."""
+    if hard_max_staleness is not None and stale > hard_max_staleness:
+        return True
+    return stale > max_steps_off_policy and stale_groups == "drop"
+
+
 def build_batch(groups: list[Group], version: int, *, max_steps_off_policy: int,
                 stale_groups: str, hard_max_staleness: int | None = None
                 ) -> tuple[list[TrainItem], BatchStats]:
@@ -103,9 +112,8 @@ def build_batch(groups: list[Group], version: int, *, max_steps_off_policy: int,
     for group in groups:
         stale = group.staleness(version)
         stats.staleness.append(stale)
-        # the hard cap applies whatever max_steps_off_policy is (even when it is larger)
-        too_old = hard_max_staleness is not None and stale > hard_max_staleness
-        if too_old or (stale > max_steps_off_policy and stale_groups == "drop"):
+        if stale_dropped(stale, max_steps_off_policy=max_steps_off_policy,
+                         stale_groups=stale_groups, hard_max_staleness=hard_max_staleness):
             stats.stale_dropped += 1
             continue
         if stale > max_steps_off_policy:

@@ -23,7 +23,7 @@ from typing import Any
 
 from nestor.outer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from nestor.outer.config import RunConfig
-from nestor.outer.groups import EpisodeSummary, Group, build_batch
+from nestor.outer.groups import EpisodeSummary, Group, build_batch, stale_dropped
 from nestor.outer.metrics import MeteredPool, append_jsonl, read_jsonl, step_metrics
 from nestor.policy.base import Observation, PolicyClosed, TrainItem, Turn
 from nestor.policy.batching import SharedExclusiveLock
@@ -126,6 +126,7 @@ class OuterLoop:
         self._running: dict[tuple[int, int], float] = {}
         self._results: queue.Queue = queue.Queue()
         self._consecutive_errors = 0
+        self._dropped_since_step = 0  # stale groups dropped before they filled a step
 
     # ---- resume -------------------------------------------------------------------------
 
@@ -192,7 +193,8 @@ class OuterLoop:
     def _groups_wanted(self) -> int:
         """Groups still to start: exactly those the remaining steps will train on, so no
         episode is wasted at the end of a run (the price: the pool drains over the last
-        steps instead of running episodes that would be thrown away)."""
+        steps instead of running episodes that would be thrown away). Stale-dropped groups
+        have left `self.groups` (`_drop_untrainable`), so each is replaced."""
         cfg = self.config
         return (cfg.steps - self.step) * cfg.groups_per_step - len(self.groups)
 
@@ -209,6 +211,25 @@ class OuterLoop:
                       self.config.group_size)
         self.groups[gid] = group
         return self._ticket(group, 0)
+
+    def _staleness_rule(self) -> dict[str, Any]:
+        token_level = getattr(self.policy, "token_level", False)
+        return {"max_steps_off_policy": self.config.max_steps_off_policy,
+                "stale_groups": self.config.stale_groups,
+                "hard_max_staleness": self.config.token_max_staleness if token_level else None}
+
+    def _drop_untrainable(self) -> None:
+        """Drop the groups the staleness rule already condemns: one finished episode sampled
+        too many versions ago is enough, as staleness only grows. Such a group must neither
+        fill a training step (a step with no update) nor count among the groups the remaining
+        steps need: with the version stuck, a straggler's group could hold the last slot while
+        nothing left could train the policy. Its episodes still running are journaled, unused."""
+        version, rule = self.policy.version, self._staleness_rule()
+        for group in [g for g in self.groups.values() if g.episodes]:
+            if stale_dropped(group.staleness(version), **rule):
+                del self.groups[group.group_id]
+                self.consumed.add(group.group_id)
+                self._dropped_since_step += 1
 
     def _ticket(self, group: Group, slot: int) -> EpisodeTicket:
         seed = (self.config.seed * 1_000_003 + group.group_id * 1009 + slot) % 2**31
@@ -244,7 +265,8 @@ class OuterLoop:
         append_jsonl(self.journal, ep.to_json())  # durable before it is used
         self.counters["episodes"] += 1
         self.cost_total += float(ep.info.get("cost_usd", 0.0) or 0.0)
-        self.groups[ticket.group_id].episodes[ticket.slot] = ep
+        if (group := self.groups.get(ticket.group_id)) is not None:  # else dropped as stale
+            group.episodes[ticket.slot] = ep
         # An episode whose policy raised (e.g. sampling on the wrong device) returns normally
         # with reward 0; it is recorded, but it counts toward the same stop rule as a crash.
         if ep.info.get("end_reason") != "policy_error":
@@ -263,12 +285,9 @@ class OuterLoop:
         groups = self._ready()[: cfg.groups_per_step]
         for g in groups:
             del self.groups[g.group_id]
-        token_level = getattr(self.policy, "token_level", False)
-        items, stats = build_batch(groups, self.policy.version,
-                                   max_steps_off_policy=cfg.max_steps_off_policy,
-                                   stale_groups=cfg.stale_groups,
-                                   hard_max_staleness=cfg.token_max_staleness if token_level
-                                   else None)
+        items, stats = build_batch(groups, self.policy.version, **self._staleness_rule())
+        stats.stale_dropped += self._dropped_since_step  # dropped since the last step
+        self._dropped_since_step = 0
         train = self.policy.train_step(items) if items else {}
         self.step += 1
         self.consumed.update(g.group_id for g in groups)
@@ -315,9 +334,11 @@ class OuterLoop:
     def run(self) -> list[dict[str, Any]]:
         self._t0 = self._last_step_t = time.monotonic()
         while self.step < self.config.steps:
+            self._drop_untrainable()
             while (len(self._ready()) >= self.config.groups_per_step
                    and self.step < self.config.steps):
                 self._train_step()
+                self._drop_untrainable()
             if self.step >= self.config.steps:
                 break
             self._fill()

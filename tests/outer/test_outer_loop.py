@@ -92,12 +92,35 @@ def test_stale_groups_dropped_or_kept_are_counted(tmp_path):
         assert held[(0, 0)][0], "training stalled behind the straggler"
         dropped = sum(r["stale_groups_dropped"] for r in rows)
         kept = sum(r["stale_groups_kept"] for r in rows)
-        if mode == "drop":
+        if mode == "drop":  # a dropped group fills no step: another group takes its place
             assert dropped >= 1 and kept == 0
-            assert sum(r["groups_used"] for r in rows) == 5 - dropped
+            assert sum(r["groups_used"] for r in rows) == 5
         else:
             assert kept >= 1 and dropped == 0
             assert sum(r["groups_used"] for r in rows) == 5
+
+
+def test_stale_dropped_groups_are_replaced_not_waited_for(tmp_path):
+    # The first fill starts exactly the 3 groups 3 steps need, all at version 0. The first to
+    # complete trains (v1); the other is then stale and dropped, and so is group 0, whose
+    # straggler ends only at v2. The loop used to spend a step on each dropped group and count
+    # group 0 as filling the last one: no group left could take the policy to v2, and the run
+    # stalled behind a group it would throw away.
+    calls, held = [], {}
+    fn = make_episode_fn(delay=0.01, hold={(0, 0): 2}, held=held, calls=calls,
+                         reward_fn=lambda arm, t: float(t.slot))  # never zero-variance
+    policy = BanditPolicy()
+    loop = OuterLoop(cfg(steps=3, max_steps_off_policy=0, stale_groups="drop"), policy, fn,
+                     tmp_path)
+    rows = loop.run()
+    assert held[(0, 0)][0], "training stalled behind the straggler"
+    assert [r["groups_used"] for r in rows] == [1, 1, 1] and policy.version == 3
+    assert all(0 not in r["group_ids"] for r in rows)
+    dropped = sum(r["stale_groups_dropped"] for r in rows)
+    assert dropped >= 2 and loop.counters["groups_stale_dropped"] == dropped
+    # no waste: every group started was trained on or dropped as stale, none left over
+    assert loop.join(timeout_s=5.0) == 0
+    assert len(calls) == 2 * (3 + dropped)
 
 
 def test_zero_variance_groups_contribute_nothing(tmp_path):
