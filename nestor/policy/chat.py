@@ -32,6 +32,15 @@ def to_hf_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
+def format_assistant(message: Message) -> str:
+    """An assistant turn as a token policy writes it: its prose, then one
+    `<tool_call>{"name": ..., "arguments": ...}</tool_call>` per call — what `parse_assistant`
+    reads back into the same calls (the text a demonstration is trained on)."""
+    calls = [f'<tool_call>{json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)}'
+             "</tool_call>" for c in message.tool_calls]
+    return "\n".join(([message.content] if message.content else []) + calls)
+
+
 def _parse_one(body: str) -> tuple[str, dict[str, Any]] | str:
     """(name, arguments), or an error message saying what is wrong with the call."""
     try:
