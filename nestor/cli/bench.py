@@ -91,7 +91,12 @@ def register(root: typer.Typer) -> None:
 @app.command("agents")
 def agents(
     policy: str = typer.Option(..., "--policy", help="openai:MODEL (any OpenAI-compatible "
-                               "endpoint) or composer."),
+                               "endpoint), composer, or lm:MODEL (a local HF chat LM)."),
+    adapter: Path | None = typer.Option(None, "--adapter", help="lm:MODEL: start from this "
+                                        "`nestor sft` adapter (its --out DIR)."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="composer or lm:MODEL: "
+                                           "load a trained policy (a run's checkpoints/<step>/"
+                                           "policy)."),
     base_url: str = typer.Option("https://api.openai.com/v1", "--base-url",
                                  help="Chat-completions base URL (e.g. a `nestor serve`)."),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env",
@@ -129,23 +134,15 @@ def agents(
         refs = reg.training_tasks() if tasks == "all" else [reg.get(t) for t in tasks.split(",")]
     except TaskError as exc:
         fail(str(exc))
-    usage = None
-    if policy.startswith("openai:"):
-        from nestor.policy.openai_compat import OpenAICompatPolicy, PolicyError
+    from nestor.cli.bench_policies import BenchPolicyError, make_bench_policy
 
-        try:
-            pol = OpenAICompatPolicy(model=policy.split(":", 1)[1], base_url=base_url,
-                                     api_key_env=api_key_env, max_retries=max_retries,
-                                     timeout_s=request_timeout)
-        except PolicyError as exc:
-            fail(str(exc))
-        usage = pol.usage
-    elif policy == "composer":
-        from nestor.policy.composer import Composer, ComposerConfig
-
-        pol = Composer(ComposerConfig(token_budget=budget))
-    else:
-        fail(f"unknown --policy {policy!r}; use openai:MODEL or composer")
+    try:
+        pol, usage = make_bench_policy(
+            policy, adapter=adapter, checkpoint=checkpoint, budget=budget,
+            openai_kw={"base_url": base_url, "api_key_env": api_key_env,
+                       "max_retries": max_retries, "timeout_s": request_timeout})
+    except (BenchPolicyError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
     run_dir = run_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     if prompt_style not in ("full", "compact"):
         fail(f"--prompt-style {prompt_style!r}: choose full or compact")

@@ -37,6 +37,10 @@ class PolicyConfig(_Section):
         None, ge=1, le=32768, description="lm: token cap per turn; default a quarter of the "
         "model's context, within 256..4096 (a turn may write a whole dataset file).")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
+    adapter: str | None = Field(
+        None, description="lm: start from this LoRA adapter, a `nestor sft` warm start (its "
+        "--out DIR); lora_rank and lora_alpha must match it. A resumed run loads its own "
+        "checkpoint instead.")
     response_prefix: str = Field(
         "", max_length=200, description="lm: text every reply starts with, given in the context "
         "(never sampled, never trained), e.g. '<tool_call>{\"name\": \"' for a model too small "

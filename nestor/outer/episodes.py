@@ -22,11 +22,14 @@ def make_policy(config: RunConfig):
     if pc.kind == "lm":
         from nestor.policy.lm import LMPolicy
 
-        return LMPolicy.from_pretrained(
+        policy = LMPolicy.from_pretrained(
             pc.model, device=pc.device, learning_rate=config.learning_rate,
             lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha, temperature=pc.temperature,
             max_new_tokens=pc.max_new_tokens, clip_ratio=config.clip_ratio,
             tis_cap=config.tis_cap, seed=config.seed, response_prefix=pc.response_prefix)
+        if pc.adapter:  # the warm start (nestor sft): RL starts from the cloned behaviour
+            policy.load_adapter(pc.adapter)
+        return policy
     from nestor.policy.composer import Composer, ComposerConfig
 
     episode = config.episode_config()

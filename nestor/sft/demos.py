@@ -106,6 +106,26 @@ def lm_view(message: Message) -> Message:
     return message
 
 
+def one_call_per_turn(messages: list[Message]) -> list[Message]:
+    """An assistant turn of k tool calls, answered by k tool messages, as k turns of one call
+    each, every one followed by its answer: the same episode, in turns a small model's turn cap
+    can hold (the composer writes a whole job, ~800 tokens, in one turn)."""
+    out: list[Message] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        answers = messages[i + 1:i + 1 + len(m.tool_calls)]
+        if m.role == "assistant" and len(m.tool_calls) > 1 and \
+                [a.tool_call_id for a in answers] == [c.id for c in m.tool_calls]:
+            for n, (call, answer) in enumerate(zip(m.tool_calls, answers, strict=True)):
+                out += [Message("assistant", m.content if n == 0 else "", [call]), answer]
+            i += 1 + len(answers)
+        else:
+            out.append(m)
+            i += 1
+    return out
+
+
 def from_transcript(data: dict[str, Any], source: str = "run", group: str = "") -> Demo:
     """A Demo from an episode's transcript.json (nestor/agent/episode.py)."""
     from nestor.sandbox.workspace import TOOL_SCHEMAS
@@ -201,7 +221,8 @@ def from_composer(n: int, tasks: list[str], run_dir: Path, *, episode: Any = Non
             for i in range(n):
                 rec = run_episode(composer, spec, pool, ledger, cfg, group_id=f"{task}",
                                   seed=seed * 100_003 + t * 1009 + i)
-                demo = Demo(messages=[lm_view(m) for m in rec.messages], tools=_tools(),
+                messages = one_call_per_turn([lm_view(m) for m in rec.messages])
+                demo = Demo(messages=messages, tools=_tools(),
                             task=task, source="composer", reward=rec.reward,
                             passed=rec.end_reason in TRAINED_ENDS,
                             first_try=rec.components.get("validation_efficiency", 0) >= 1.0,
