@@ -132,7 +132,10 @@ def from_transcript(data: dict[str, Any], source: str = "run", group: str = "") 
 
     comps = data.get("components") or {}
     reward = data.get("reward")
-    return Demo(messages=[lm_view(Message.from_dict(m)) for m in data.get("messages") or []],
+    messages = [lm_view(Message.from_dict(m)) for m in data.get("messages") or []]
+    if data.get("policy") == "composer":  # its one turn of four calls, as an LM writes it
+        messages = one_call_per_turn(messages)
+    return Demo(messages=messages,
                 tools=TOOL_SCHEMAS, task=str(data.get("task", "")), source=source,
                 reward=None if reward is None else float(reward),
                 passed=data.get("end_reason") in TRAINED_ENDS,

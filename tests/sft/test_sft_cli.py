@@ -73,3 +73,8 @@ def test_composer_demos_are_short_form_one_call_a_turn(tmp_path):
     for k, m in enumerate(demo.messages):
         if m.role == "assistant":
             assert demo.messages[k + 1].tool_call_id == m.tool_calls[0].id
+    # the same episode read back from the run directory's transcript is the same demo
+    from nestor.sft.demos import from_run_dir
+
+    (again,) = from_run_dir(tmp_path)
+    assert again.messages == demo.messages and again.passed and again.first_try
