@@ -163,6 +163,7 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
     pc = config.policy
     cfg = SFTConfig(model=pc.model, demos=f"composer:{args.demos_per_task}", tasks=config.tasks,
                     steps=args.sft_steps, batch_sequences=args.sft_batch,
+                    learning_rate=args.sft_lr, warmup_steps=min(5, args.sft_steps // 4),
                     lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha,
                     max_new_tokens=pc.max_new_tokens, prompt_style="compact",
                     checkpoint_every=max(1, args.sft_steps // 4))
@@ -244,6 +245,11 @@ def main() -> None:
     ap.add_argument("--demos-per-task", type=int, default=8)
     ap.add_argument("--sft-steps", type=int, default=60)
     ap.add_argument("--sft-batch", type=int, default=4)
+    ap.add_argument("--sft-lr", type=float, default=2e-4)
+    ap.add_argument("--eval-tasks", nargs="*", default=None,
+                    help="training tasks the arms are measured on (default: the config's)")
+    ap.add_argument("--heldout-tasks", nargs="*", default=None,
+                    help="held-out tasks the arms are measured on (default: all)")
     ap.add_argument("--eval-episodes", type=int, default=6, help="per training task and arm")
     ap.add_argument("--heldout-episodes", type=int, default=8, help="per held-out task and arm")
     ap.add_argument("--concurrency", type=int, default=4)
@@ -264,7 +270,8 @@ def main() -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     reg = TaskRegistry()
-    heldout = [r.id for r in reg.heldout_tasks()]
+    heldout = args.heldout_tasks or [r.id for r in reg.heldout_tasks()]
+    eval_tasks = args.eval_tasks or config.tasks
     pool = None
     if not args.validate_only:
         from nestor.pool.base import make_pool
@@ -284,7 +291,7 @@ def main() -> None:
               f"{sft['loss_first']:.3f} → {sft['loss_last']:.3f} ({sft['steps']} steps)")
 
         def evaluate(name: str, policy, seed: int) -> None:
-            tr = run_arm(policy, name, config, out, config.tasks, args.eval_episodes, pool,
+            tr = run_arm(policy, name, config, out, eval_tasks, args.eval_episodes, pool,
                          seed, args.concurrency)
             ho = run_arm(policy, name + "-heldout", config, out, heldout, args.heldout_episodes,
                          pool, seed, args.concurrency)

@@ -51,13 +51,40 @@ def policy_encoders(policy) -> tuple[Callable[[Observation], list[int]],
     tok, prefix = policy.tokenizer, policy.response_prefix
 
     def encode_action(message: Message) -> list[int] | None:
-        text = format_assistant(message)
+        text = template_text(tok, message) or format_assistant(message)
         if not text.startswith(prefix):
             return None
         ids = tok(text[len(prefix):], add_special_tokens=False).input_ids + [policy.eos_id]
         return ids if len(ids) <= policy.max_new_tokens else None
 
     return policy.render, encode_action
+
+
+def template_text(tokenizer, message: Message) -> str | None:
+    """The assistant turn as the model's own chat template writes it (what follows the
+    generation prompt, up to the end token), when that text parses back into the same tool
+    calls; else None (then `format_assistant`). A template may lay out tool calls its own way
+    (Qwen3: a newline inside the tags): the model has seen that layout, and acting extends each
+    context with the sampled tokens and the template's text after them (lm-core's
+    `extend_contexts`), so a demo in the template's layout matches acting token for token."""
+    from nestor.policy.chat import parse_assistant, to_hf_messages
+
+    user = [Message("user", "x")]
+    try:
+        before = tokenizer.apply_chat_template(to_hf_messages(user), add_generation_prompt=True,
+                                               tokenize=False)
+        after = tokenizer.apply_chat_template(to_hf_messages([*user, message]),
+                                              add_generation_prompt=False, tokenize=False)
+    except Exception:  # a template that cannot render tool calls
+        return None
+    eos = tokenizer.eos_token or ""
+    if not after.startswith(before) or not eos or eos not in after[len(before):]:
+        return None
+    text = after[len(before):].split(eos, 1)[0]
+    parsed, error = parse_assistant(text)
+    same = [(c.name, c.arguments) for c in parsed.tool_calls] == [
+        (c.name, c.arguments) for c in message.tool_calls]
+    return text if error is None and same and parsed.content == message.content.strip() else None
 
 
 def encode_demo(demo: Demo, render: Callable[[Observation], list[int]],
