@@ -255,8 +255,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--validate-only", action="store_true",
                     help="arms' jobs are validated, not trained (reward/quality n/a)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["untrained", "rl"],
-                    help="leave out the untrained arm, or the RL phase")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["untrained", "warm", "rl"],
+                    help="leave out the untrained arm, the warm start (and all after it), or "
+                    "the RL phase")
     args = ap.parse_args()
 
     import torch
@@ -285,10 +286,11 @@ def main() -> None:
     rows: dict[str, dict[str, list]] = {}
     curves: dict[int, list[float]] = {}
     try:
-        sft = warm_start(args, config, out)
-        report["warm_start"] = sft
-        print(f"warm start: {sft['demos_kept']} of {sft['demos_read']} demos, loss "
-              f"{sft['loss_first']:.3f} → {sft['loss_last']:.3f} ({sft['steps']} steps)")
+        if "warm" not in args.skip:
+            sft = warm_start(args, config, out)
+            report["warm_start"] = sft
+            print(f"warm start: {sft['demos_kept']} of {sft['demos_read']} demos, loss "
+                  f"{sft['loss_first']:.3f} → {sft['loss_last']:.3f} ({sft['steps']} steps)")
 
         def evaluate(name: str, policy, seed: int) -> None:
             tr = run_arm(policy, name, config, out, eval_tasks, args.eval_episodes, pool,
@@ -308,8 +310,9 @@ def main() -> None:
             evaluate("untrained", make_policy(untrained), seed0)
         warm_cfg = config.model_copy(deep=True)
         warm_cfg.policy.adapter = str(out / "sft")
-        evaluate("warm-started", make_policy(warm_cfg), seed0)
-        if "rl" not in args.skip:
+        if "warm" not in args.skip:
+            evaluate("warm-started", make_policy(warm_cfg), seed0)
+        if "rl" not in args.skip and "warm" not in args.skip:
             from nestor.outer.checkpoint import latest_checkpoint
 
             for seed in args.seeds:
