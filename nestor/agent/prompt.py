@@ -79,7 +79,7 @@ def base_models(names: list[str]) -> str:
 
 
 def _minimal_job() -> str:
-    """The doc's "A complete minimal job" section: the four files, worked (about 900 tokens)."""
+    """The doc's "A complete minimal job" section: the short form's three files, worked."""
     text = _job_format()
     start = text.find("## A complete minimal job")
     end = text.find("\n## ", start + 1)
@@ -96,10 +96,11 @@ def compact_system_prompt(spec: TaskSpec, *, models: list[str], token_budget: in
     still names what to fix)."""
     return f"""{ROLE}
 
-A job directory holds config.toml (hyperparameters), data/train.jsonl ({{"prompt", "answer"}} \
-rows in the task's exact test format), env/pyproject.toml and env/<name>/__init__.py (a \
-verifiers v1 taskset whose Task carries @vf.reward methods returning floats in [0, 1]). \
-Call write_file once per file, then submit.
+A job directory holds config.toml (hyperparameters), env/pyproject.toml and \
+env/<name>/__init__.py (a verifiers v1 taskset whose Task carries @vf.reward methods returning \
+floats in [0, 1], and whose load() makes the rows in the task's exact test format from a seeded \
+generator; or reads them from data/train.jsonl, {{"prompt", "answer"}} rows). Call write_file \
+once per file, then submit.
 
 # {_minimal_job()}
 

@@ -58,7 +58,7 @@ app.add_typer(tasks.app, name="tasks")
 
 # Each command group registers here as it lands (one module per group in nestor/cli/).
 for _name in ("models", "evaluate", "job", "pool", "bench", "episode", "train", "report", "runs",
-              "serve", "pods"):
+              "serve", "pods", "sft"):
     try:
         _mod = __import__(f"nestor.cli.{_name}", fromlist=["register"])
     except ModuleNotFoundError as _exc:

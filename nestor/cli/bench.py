@@ -118,10 +118,14 @@ def register(root: typer.Typer) -> None:
 @app.command("agents")
 def agents(
     policy: str = typer.Option(..., "--policy", help="openai:MODEL (any OpenAI-compatible "
-                               "endpoint), composer, tinker:MODEL (Tinker's API) or "
-                               "tinker-local:MODEL (its offline stand-in on a local model)."),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="tinker: a policy "
-                                           "checkpoint directory of a run (holding tinker.json)."),
+                               "endpoint), composer, lm:MODEL (a local HF chat LM), "
+                               "tinker:MODEL (Tinker's API) or tinker-local:MODEL (its offline "
+                               "stand-in on a local model)."),
+    adapter: Path | None = typer.Option(None, "--adapter", help="lm:MODEL: start from this "
+                                        "`nestor sft` adapter (its --out DIR)."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="composer, lm:MODEL or "
+                                           "tinker: load a trained policy (a run's "
+                                           "checkpoints/<step>/policy)."),
     tinker_key_env: str = typer.Option("TINKER_API_KEY", "--tinker-key-env",
                                        help="tinker: environment variable holding the key."),
     base_url: str = typer.Option("https://api.openai.com/v1", "--base-url",
@@ -165,33 +169,16 @@ def agents(
         refs = reg.training_tasks() if "all" in ids else [reg.get(t) for t in ids]
     except TaskError as exc:
         fail(str(exc))
-    usage = None
-    if policy.startswith("openai:"):
-        from nestor.policy.openai_compat import OpenAICompatPolicy, PolicyError
+    from nestor.cli.bench_policies import BenchPolicyError, make_bench_policy
 
-        try:
-            pol = OpenAICompatPolicy(model=policy.split(":", 1)[1], base_url=base_url,
-                                     api_key_env=api_key_env, max_retries=max_retries,
-                                     timeout_s=request_timeout)
-        except PolicyError as exc:
-            fail(str(exc))
-        usage = pol.usage
-    elif policy == "composer":
-        from nestor.policy.composer import Composer, ComposerConfig
-
-        pol = Composer(ComposerConfig(token_budget=budget))
-    elif policy.startswith(("tinker:", "tinker-local:")):
-        from nestor.policy.tinker import TinkerPolicyError, make_tinker_policy
-
-        kind, model = policy.split(":", 1)
-        try:
-            pol = make_tinker_policy(model, local=kind == "tinker-local", checkpoint=checkpoint,
-                                     api_key_env=tinker_key_env)
-        except TinkerPolicyError as exc:
-            fail(str(exc))
-    else:
-        fail(f"unknown --policy {policy!r}; use openai:MODEL, composer, tinker:MODEL or "
-             "tinker-local:MODEL")
+    try:
+        pol, usage = make_bench_policy(
+            policy, adapter=adapter, checkpoint=checkpoint, budget=budget,
+            tinker_key_env=tinker_key_env,
+            openai_kw={"base_url": base_url, "api_key_env": api_key_env,
+                       "max_retries": max_retries, "timeout_s": request_timeout})
+    except (BenchPolicyError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
     run_dir = run_dir or default_out("bench")
     leaderboard = leaderboard or run_dir / "leaderboard.csv"
     if prompt_style not in ("full", "compact", "short"):

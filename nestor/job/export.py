@@ -21,7 +21,7 @@ import tomli_w
 
 from nestor.job.config import JobConfig, load_job_config
 from nestor.job.layout import DATA, MAX_DATA_BYTES, LayoutError, read_layout
-from nestor.job.safe_read import UnsafeFileError, read_bytes
+from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_bytes
 
 HF_REPOS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "qwen3-1.7b": "Qwen/Qwen3-1.7B"}
 # prime-rl renders chats itself (`[orchestrator.renderer]`). "auto" resolves only Hub ids in
@@ -58,6 +58,7 @@ NOT_CARRIED = {
     "micro_batch_prompts": "prime-rl packs micro-batches by seq_len itself",
     "loss": "prime-rl's own token-level loss (trainer.loss)",
 }
+SHORT_FORM_PROMPT_CHARS = 480  # seq_len's stand-in for a short-form job's longest prompt
 
 
 def _model_name(base_model: str) -> str:
@@ -92,10 +93,14 @@ def _seq_len(root: Path, max_new_tokens: int) -> int:
     """A power of two covering the longest prompt (characters bound tokens from above for
     every tokenizer we use) plus the completion. The data is read without following links."""
     longest = 0
-    try:
-        data = read_bytes(root, DATA, MAX_DATA_BYTES).decode("utf-8", errors="replace")
-    except UnsafeFileError as exc:
-        raise LayoutError(str(exc)) from None
+    if not is_plain_file(root, DATA):  # short form: load() makes the prompts, and only the
+        data = ""  # sandbox runs it; a generous bound stands in for the longest
+        longest = SHORT_FORM_PROMPT_CHARS
+    else:
+        try:
+            data = read_bytes(root, DATA, MAX_DATA_BYTES).decode("utf-8", errors="replace")
+        except UnsafeFileError as exc:
+            raise LayoutError(str(exc)) from None
     for line in data.split("\n"):
         try:
             longest = max(longest, len(json.loads(line).get("prompt", "")))
@@ -169,7 +174,8 @@ def to_prime_rl_toml(job_dir: Path | str, *, gpus: int = 1) -> str:
            "`pip install nestor` and set [model] name",
            "# to the path printed by `nestor models list` (the nestor pool does this itself)."]
           if bundled else []),
-        f"# Install the taskset first (editable: it reads {layout.data.name} from the job):",
+        f"# Install the taskset first (editable: it reads {layout.data.name} from the job):"
+        if layout.has_data else "# Install the taskset first (its load() makes the rows):",
         f"#   uv pip install -e {env}",
         f"# then run:  {launch}",
         "# Advantages there are reward - group mean; batch_size counts rollouts per step.",

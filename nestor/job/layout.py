@@ -2,7 +2,8 @@
 
     job/
       config.toml            JobConfig
-      data/train.jsonl       dataset rows ({"prompt": str, "answer": str}, one JSON object a line)
+      data/train.jsonl       dataset rows ({"prompt": str, "answer": str}, one JSON object a line);
+                             optional: a short-form job's load() makes its rows in code instead
       env/pyproject.toml     the taskset package's metadata; [project] name = the taskset id
       env/<name>/__init__.py exports exactly one vf.Taskset subclass in __all__
 
@@ -28,7 +29,7 @@ CONFIG = "config.toml"
 DATA = "data/train.jsonl"
 ENV = "env"
 PYPROJECT = "env/pyproject.toml"
-REQUIRED = (CONFIG, DATA, PYPROJECT)
+REQUIRED = (CONFIG, PYPROJECT)  # data/train.jsonl is optional (the short form)
 MAX_DATA_BYTES = 32 << 20
 MAX_TOML_BYTES = 64 << 10  # config.toml, env/pyproject.toml
 
@@ -71,6 +72,12 @@ class JobLayout:
     @property
     def data(self) -> Path:
         return self.root / DATA
+
+    @property
+    def has_data(self) -> bool:
+        """Long form: rows in data/train.jsonl. Short form (False): load() makes them in code,
+        inside the sandbox, like everything else of the job."""
+        return safe_read.is_plain_file(self.root, DATA)
 
     @property
     def env(self) -> Path:
@@ -127,7 +134,8 @@ def read_layout(job_dir: Path | str) -> JobLayout:
         raise LayoutError(f"env/{package} would shadow the installed module {package!r}; "
                           f"rename it (e.g. env/{package}_job)")
     _check_pyproject(root, package)
-    size = os.stat(root / DATA, follow_symlinks=False).st_size  # a first look; reads count bytes
+    data = root / DATA
+    size = os.stat(data, follow_symlinks=False).st_size if os.path.lexists(data) else 0  # a first look
     if size > MAX_DATA_BYTES:
         raise LayoutError(f"{DATA} is {size:,} bytes; keep it under {MAX_DATA_BYTES:,}")
     return JobLayout(root=root, package=package)

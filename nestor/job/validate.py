@@ -6,7 +6,7 @@ inputs are missing (an earlier check failed) is left out rather than reported as
 a report names the first thing to fix in each chain:
 
   files -> config -> budget                (trusted: reads files as data)
-  files -> dataset
+  files -> dataset                         (short form, no data file: load()'s rows instead)
   files -> imports -> taskset -> load -> context -> memory
                                 load -> rewards_valid -> reward_speed -> deterministic
                                         -> reference_beats_empty, reference_beats_corrupted,
@@ -148,7 +148,8 @@ def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_
         report.add("files", False, str(exc))
         _trusted_checks(job_dir, None, token_budget, report)
         return
-    report.add("files", True, f"config.toml, {DATA}, env/pyproject.toml, env/{layout.package}/")
+    rows = DATA if layout.has_data else "no data file (load() makes the rows)"
+    report.add("files", True, f"config.toml, {rows}, env/pyproject.toml, env/{layout.package}/")
     # The child imports verifiers (seconds) while we check files and load the base model.
     try:
         source = JobTaskSource(layout.root, limits=PROBE_LIMITS, timeouts=timeouts,
@@ -206,6 +207,9 @@ def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
     if is_plain_file(job_dir, DATA):
         ok, message = check_dataset(job_dir / DATA, root=job_dir)
         report.add("dataset", ok, message)
+    elif layout is not None:  # the short form: the rows are load()'s, checked in the sandbox
+        report.add("dataset", True, f"no {DATA}: the rows are the ones load() makes (the "
+                   "load, context, memory and rubric checks run on them)")
     return config
 
 

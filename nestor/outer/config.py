@@ -55,6 +55,10 @@ class PolicyConfig(_Section):
     init_checkpoint: str | None = Field(
         None, description="tinker: a policy checkpoint directory (holding tinker.json, e.g. a "
         "warm start's) whose weights the run starts from, with a fresh optimizer.")
+    adapter: str | None = Field(
+        None, description="lm: start from this LoRA adapter, a `nestor sft` warm start (its "
+        "--out DIR); lora_rank and lora_alpha must match it. A resumed run loads its own "
+        "checkpoint instead.")
     response_prefix: str = Field(
         "", max_length=200, description="lm: text every reply starts with, given in the context "
         "(never sampled, never trained), e.g. '<tool_call>{\"name\": \"' for a model too small "

@@ -31,7 +31,7 @@ def make_policy(config: RunConfig, run_dir: Path | None = None):
     if pc.kind == "lm":
         from nestor.policy.lm import LMPolicy
 
-        return LMPolicy.from_pretrained(
+        policy = LMPolicy.from_pretrained(
             pc.model, device=pc.device, learning_rate=config.learning_rate,
             lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha, temperature=pc.temperature,
             max_new_tokens=pc.max_new_tokens, clip_ratio=config.clip_ratio,
@@ -39,6 +39,9 @@ def make_policy(config: RunConfig, run_dir: Path | None = None):
             dtype=pc.dtype, max_context=pc.max_context,
             gradient_checkpointing=pc.gradient_checkpointing,
             prefix_cache_tokens=pc.prefix_cache_tokens, extend_contexts=pc.extend_contexts)
+        if pc.adapter:  # the warm start (nestor sft): RL starts from the cloned behaviour
+            policy.load_adapter(pc.adapter)
+        return policy
     from nestor.policy.composer import Composer, ComposerConfig
 
     episode = config.episode_config()

@@ -57,8 +57,9 @@ from nestor.policy.composer_decisions import (
     last_plan,
     split_key,
 )
+from nestor.policy.composer_short import rows_source
 from nestor.policy.credit import MarginalCredit
-from nestor.policy.programs import build_rows
+from nestor.policy.programs import build_rows, explain
 from nestor.tasks import TaskSpec
 
 
@@ -88,6 +89,10 @@ class ComposerConfig(BaseModel):
         "advantages (nestor/policy/credit.py), SGD at credit_lr; episode: every action gets the "
         "episode's advantage, the IS-GRPO loss with Adam at lr.")
     credit_lr: float = Field(5.0, gt=0, le=1000, description="marginal: SGD rate on the logits.")
+    job_form: Literal["long", "short"] = Field(
+        "long", description="long: the rows in data/train.jsonl; short: load() draws them in "
+        "code (composer_short.py) — a job an LM can type, for demonstrations (nestor sft). "
+        "The short form has no data file, so the `row_keys` slip does not apply.")
     credit_prior: float = Field(4.0, ge=0, description="marginal: pseudo-episodes at advantage "
                                 "0 that shrink each choice's estimate.")
     credit_decay: float = Field(0.9, gt=0, le=1, description="marginal: weight kept per step "
@@ -265,14 +270,23 @@ class Composer:
                    if info["fallback"] else "") + f", framing {value['framing']}")
         pkg = files.package_name(spec.id)
         slips = {k: value.get(k, v[0]) for k, v in WRITER_SLIPS.items()}  # old plans: none
+        rows_src = None
+        if self.config.job_form == "short":
+            rows_src, note = rows_source(
+                spec.examples, explain(spec.examples), source=value["data_source"],
+                n_rows=value["n_rows"], widen=value["input_range"] == "widened",
+                framing=value["framing"], title=spec.title, seed=seed)
         writes = {
             "config.toml": files.config_toml(cfg, f"composer v{self.version} for {spec.id}"),
             "data/train.jsonl": files.jsonl(files.keyed_rows(rows, slips["row_keys"])),
             "env/pyproject.toml": files.pyproject(spec.id),
             f"env/{pkg}/__init__.py": files.env_source(
                 title=spec.title, rubric=value["rubric"], extract=value["extract"],
-                rows_note=note, reward_def=slips["reward_def"], exports=slips["exports"]),
+                rows_note=note, reward_def=slips["reward_def"], exports=slips["exports"],
+                rows_src=rows_src),
         }
+        if rows_src is not None:
+            del writes["data/train.jsonl"]
         calls = [ToolCall("write_file", {"path": p, "content": c}, f"c{i}")
                  for i, (p, c) in enumerate(writes.items())]
         return [*calls, ToolCall("submit", {}, f"c{len(calls)}")]

@@ -74,14 +74,7 @@ _ENV_TEMPLATE = '''"""{title}: a composed job ({rubric} rubric, `{extract}` answ
 Rows: {rows_note}.
 """
 
-import difflib
-import json
-from pathlib import Path
-
-import verifiers.v1 as vf
-
-DATA = Path(__file__).resolve().parents[2] / "data" / "train.jsonl"
-
+{imports}
 
 def normalise(text: str) -> str:
     """The test's normalisation: surrounding whitespace and one trailing period go."""
@@ -101,13 +94,20 @@ class RowTask(vf.Task[RowData]):
 {rubric_src}
 
 class RowTaskset(vf.Taskset[RowTask, vf.TasksetConfig]):
-    def load(self):
+{load_src}{exports_src}'''
+
+_LOAD_FILE = '''    def load(self):
         with DATA.open(encoding="utf-8") as rows:
             for line in rows:
                 row = json.loads(line)
                 yield RowTask(RowData(prompt=row["prompt"], answer=row["answer"]),
                               self.config.task)
-{exports_src}'''
+'''
+# The short form (composer_short.py): rows() is the generator's source, defined at module level.
+_LOAD_CODE = '''    def load(self):
+        for prompt, answer in rows():
+            yield RowTask(RowData(prompt=prompt, answer=answer), self.config.task)
+'''
 
 
 def package_name(task_id: str) -> str:
@@ -115,14 +115,37 @@ def package_name(task_id: str) -> str:
     return f"composed_{safe}"
 
 
+_IMPORTS_FILE = """import difflib
+import json
+from pathlib import Path
+
+import verifiers.v1 as vf
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "train.jsonl"
+"""
+_IMPORTS_CODE = """import difflib
+import random
+
+import verifiers.v1 as vf
+"""
+
+
 def env_source(*, title: str, rubric: str, extract: str, rows_note: str,
-               reward_def: str = "async_def", exports: str = "all") -> str:
+               reward_def: str = "async_def", exports: str = "all",
+               rows_src: str | None = None) -> str:
+    """The taskset's source; `rows_src` (a `rows()` generator's source) makes it the short
+    form, whose load() draws the rows in code instead of reading data/train.jsonl."""
     rubric_src = _RUBRIC_SRC[rubric].replace("{adef}", "async " if reward_def == "async_def"
                                              else "")
     exports_src = '\n\n__all__ = ["RowTaskset"]\n' if exports == "all" else ""
-    return _ENV_TEMPLATE.format(title=title, rubric=rubric, extract=extract,
-                                rows_note=rows_note, extract_src=_EXTRACT_SRC[extract],
-                                rubric_src=rubric_src, exports_src=exports_src)
+    text = _ENV_TEMPLATE.format(
+        title=title, rubric=rubric, extract=extract, rows_note=rows_note,
+        extract_src=_EXTRACT_SRC[extract], rubric_src=rubric_src, exports_src=exports_src,
+        imports=_IMPORTS_FILE if rows_src is None else _IMPORTS_CODE,
+        load_src=_LOAD_FILE if rows_src is None else _LOAD_CODE)
+    if rows_src is not None:  # rows() before the classes that use it
+        text = text.replace("\n\nclass RowData", f"\n\n{rows_src}\n\nclass RowData", 1)
+    return text
 
 
 def keyed_rows(rows: list[dict], row_keys: str = "prompt") -> list[dict]:

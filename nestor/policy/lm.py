@@ -416,6 +416,36 @@ class LMPolicy:
         self.malformed_calls = state["malformed_calls"]
         self.turns_sampled = state["turns_sampled"]
 
+    def load_adapter(self, path: Path | str) -> None:
+        """Start from a saved LoRA adapter: a `nestor sft` warm start (its --out DIR, or
+        DIR/adapter). Weights only; the optimizer and version stay this policy's."""
+        import json
+
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if (path / "adapter").is_dir():
+            path = path / "adapter"
+        weights = path / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"{path}: no adapter_model.safetensors; pass the --out "
+                                    "directory of `nestor sft`")
+        saved = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+        mine = self.model.peft_config["default"]
+        if (saved.get("r"), saved.get("lora_alpha")) != (mine.r, mine.lora_alpha):
+            raise ValueError(f"{path}: the adapter has LoRA rank {saved.get('r')}, alpha "
+                             f"{saved.get('lora_alpha')}; this policy has {mine.r}, "
+                             f"{mine.lora_alpha}: set lora_rank and lora_alpha to match")
+        result = set_peft_model_state_dict(self.model, load_file(str(weights),
+                                                                  device=str(self.device)))
+        unexpected = getattr(result, "unexpected_keys", None) or []
+        if unexpected:
+            raise ValueError(f"{path}: {len(unexpected)} adapter weights fit no layer of this "
+                             f"model (e.g. {unexpected[0]}): was it trained on another model?")
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # cached keys and values were computed by the old weights
+
     def info(self) -> dict[str, Any]:
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         return {"version": self.version, "trainable_params": trainable,

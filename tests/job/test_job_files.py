@@ -31,7 +31,7 @@ def test_layout_of_a_good_job(job):
 
 
 @pytest.mark.parametrize("breakage,needle", [
-    (lambda j: (j / "data" / "train.jsonl").unlink(), "data/train.jsonl is missing"),
+    (lambda j: (j / "config.toml").unlink(), "config.toml is missing"),
     (lambda j: shutil.rmtree(j / "env" / "reverse_job"), "no taskset package"),
     (lambda j: shutil.copytree(j / "env" / "reverse_job", j / "env" / "other_job"),
      "holds 2 packages"),
@@ -150,11 +150,15 @@ def test_cli_validate_exit_codes_and_json(tmp_path, job):
 DOC = Path(__file__).resolve().parents[2] / "docs" / "job-format.md"
 
 
-def _doc_blocks() -> dict[str, str]:
-    """The fenced blocks of docs/job-format.md, keyed by the `path`: line before each."""
+def _doc_blocks(section: str) -> dict[str, str]:
+    """The fenced blocks of one section of docs/job-format.md, keyed by the `path`: line
+    before each."""
     import re
 
     text = DOC.read_text()
+    start = text.index(f"## {section}\n")
+    end = text.find("\n## ", start + 1)
+    text = text[start:end if end > 0 else None]
     return {m.group(1): m.group(2) for m in re.finditer(
         r"^`([\w/.]+)`(?: \([^)]*\))?:\n\n```\w*\n(.*?)```", text, re.S | re.M)}
 
@@ -171,12 +175,29 @@ def test_docs_list_every_config_knob_with_its_default():
         assert shown.lower() == str(default).lower() or float(shown) == float(default), (name, shown)
 
 
-def test_the_documented_minimal_job_passes_the_probe(tmp_path):
+def test_the_documented_short_job_passes_the_probe(tmp_path):
+    """The doc's first job (the short form: no data file, load() makes the rows) is exact:
+    written out as shown, it validates."""
+    from nestor.job.validate import validate_job
+    from nestor.tasks import TaskRegistry
+
+    blocks = _doc_blocks("A complete minimal job")
+    assert set(blocks) == {"config.toml", "env/pyproject.toml", "env/reverse_job/__init__.py"}
+    for rel, text in blocks.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    report = validate_job(tmp_path, TaskRegistry().get("reverse").spec())
+    assert report.passed, report.summary()
+    checks = {c.name: c.message for c in report.checks}
+    assert "2,000 tasks" in checks["load"] and "load()" in checks["dataset"]
+
+
+def test_the_documented_long_job_passes_the_probe(tmp_path):
     """The example in the docs is exact: written out as shown, it validates."""
     from nestor.job.validate import validate_job
     from nestor.tasks import TaskRegistry
 
-    blocks = _doc_blocks()
+    blocks = _doc_blocks("The long form: rows in a data file")
     assert {"config.toml", "env/pyproject.toml", "env/reverse_job/__init__.py"} <= set(blocks)
     for rel in ("config.toml", "env/pyproject.toml", "env/reverse_job/__init__.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

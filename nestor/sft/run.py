@@ -1,0 +1,76 @@
+"""One warm start, start to end: demos in, a LoRA adapter out (what `nestor sft` runs).
+
+DIR/ holds sft.json (the resolved config), demos.jsonl (the demos kept, nestor's format),
+checkpoint/ (resumable), adapter/ (the result) and summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nestor.sft.data import EncodeStats, encode_demo, policy_encoders
+from nestor.sft.demos import Demo, load_source, read_demos, select, write_demos
+from nestor.sft.trainer import SFTConfig, Trainer, write_config
+
+
+def make_policy(cfg: SFTConfig):
+    from nestor.policy.lm import LMPolicy
+
+    return LMPolicy.from_pretrained(cfg.model, device=cfg.device, lora_rank=cfg.lora_rank,
+                                    lora_alpha=cfg.lora_alpha, max_new_tokens=cfg.max_new_tokens,
+                                    seed=cfg.seed, response_prefix=cfg.response_prefix)
+
+
+def gather_demos(cfg: SFTConfig, out: Path, *, pool: Any = None, resume: bool = False,
+                 on_demo: Callable[[Demo], None] | None = None) -> tuple[list[Demo], int]:
+    """(the demos kept, how many were read). A resumed run reuses DIR/demos.jsonl."""
+    kept_file = out / "demos.jsonl"
+    if resume and kept_file.is_file():
+        demos = read_demos(kept_file)
+        return demos, len(demos)
+    kw: dict[str, Any] = {}
+    if cfg.demos.startswith("composer:"):
+        from nestor.agent.episode import EpisodeConfig
+
+        kw = {"tasks": cfg.tasks, "pool": pool, "seed": cfg.seed, "on_episode": on_demo,
+              "episode": EpisodeConfig(prompt_style=cfg.prompt_style)}
+    demos = load_source(cfg.demos, out, **kw)
+    kept = select(demos, passed=cfg.passed_only, min_reward=cfg.min_reward,
+                  best_of_group=cfg.best_of_group)
+    write_demos(kept_file, kept)
+    return kept, len(demos)
+
+
+def run_sft(cfg: SFTConfig, out: Path, *, resume: bool = False, pool: Any = None,
+            policy: Any = None, on_demo: Callable[[Demo], None] | None = None,
+            on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    out = Path(out)
+    write_config(cfg, out)
+    demos, n_read = gather_demos(cfg, out, pool=pool, resume=resume, on_demo=on_demo)
+    if not demos:
+        raise ValueError(f"no demos left of {n_read} read from {cfg.demos} after the filters "
+                         f"(passed_only={cfg.passed_only}, min_reward={cfg.min_reward}); "
+                         "loosen them or bring more demos")
+    policy = policy or make_policy(cfg)
+    render, encode_action = policy_encoders(policy)
+    stats = EncodeStats()
+    sequences = [s for d in demos for s in encode_demo(d, render, encode_action, stats)]
+    trainer = Trainer(policy, cfg, out)
+    resumed_from = trainer.step if resume and trainer.resume() else 0
+    history = trainer.train(sequences, on_step=on_step)
+    third = max(1, len(history) // 3)
+    summary = {
+        "out": str(out), "adapter": str(out / "adapter"), "model": cfg.model,
+        "demos_read": n_read, "demos_kept": len(demos), "turns": stats.turns,
+        "turns_dropped_too_long": stats.dropped_long, "sequences": stats.sequences,
+        "target_tokens": stats.target_tokens, "tokens": stats.tokens,
+        "steps": trainer.step, "resumed_from_step": resumed_from,
+        "loss_first": sum(h["loss"] for h in history[:third]) / len(history[:third]),
+        "loss_last": sum(h["loss"] for h in history[-third:]) / len(history[-third:]),
+        "seconds": round(sum(h["seconds"] for h in history[resumed_from:]), 1),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,39 @@
+"""benchmarks/lm_arc.py's measurements: its intervals and what it reads from a written job."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_arc.py"
+spec = importlib.util.spec_from_file_location("lm_arc", SCRIPT)
+lm_arc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lm_arc)
+
+
+def test_wilson_interval_matches_the_textbook_values():
+    # 0 of 1 and 5 of 10 (Wilson score, z = 1.96): [0, 0.7935], [0.2366, 0.7634]
+    p, lo, hi = lm_arc.wilson(0, 1)
+    assert p == 0 and lo == 0 and hi == pytest.approx(0.7935, abs=1e-4)
+    p, lo, hi = lm_arc.wilson(5, 10)
+    assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    assert lm_arc.wilson(0, 0) == (None, None, None)
+
+
+def test_job_traits_read_model_knobs_rubrics_and_form(tmp_path):
+    job = tmp_path / "ep" / "job"
+    (job / "env" / "j").mkdir(parents=True)
+    (job / "config.toml").write_text('base_model = "tiny-s"\nmax_steps = 5\nlearning_rate = 1e-3\n')
+    (job / "env" / "j" / "__init__.py").write_text(
+        "class T:\n    @vf.reward(weight=0.5)\n    async def exact(self, trace):\n        ...\n"
+        "    @vf.reward(weight=0.5)\n    async def positions(self, trace):\n        ...\n")
+    traits = lm_arc.job_traits(tmp_path / "ep")
+    assert traits == {"base_model": "tiny-s", "knobs": ["learning_rate", "max_steps"],
+                      "rubrics": ["exact", "positions"], "short_form": True}
+    assert lm_arc.job_traits(tmp_path / "nothing")["base_model"] is None
+
+
+def test_thirds_compare_first_and_last():
+    assert lm_arc.thirds([0.0, 0.1, 0.2, 0.3, 0.4, 0.9]) == (pytest.approx(0.05),
+                                                             pytest.approx(0.65))
+    assert lm_arc.thirds([]) == (None, None)

@@ -1,0 +1,159 @@
+"""The warm start on tiny-m: demos become exactly the tokens the LM policy acts with, behaviour
+cloning lowers their loss and only their loss, a run resumes where it stopped, and the adapter
+loads into a fresh policy that then writes the demo's tool call."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nestor.policy.base import Message, Observation, ToolCall
+from nestor.policy.chat import parse_assistant
+from nestor.policy.lm import LMPolicy
+from nestor.sft.data import EncodeStats, encode_demo, policy_encoders, turn_pairs
+from nestor.sft.demos import Demo, from_openai_jsonl, select
+from nestor.sft.trainer import SFTConfig, Trainer, bc_loss
+
+# one short tool: sequences of ~300 tokens keep each step well under a second
+TOOLS = [{"type": "function", "function": {
+    "name": "write_file", "description": "write a file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"},
+                                                    "content": {"type": "string"}}}}}]
+CONFIG = 'max_steps = 4\n'
+
+
+def conversation() -> list[Message]:
+    return [Message("system", "You write jobs."), Message("user", "Teach reverse."),
+            Message("assistant", "", [ToolCall("write_file", {"path": "config.toml",
+                                                              "content": "max_steps = 0"}, "a")]),
+            Message("tool", "FAIL config: max_steps must be >= 1", tool_call_id="a"),
+            # the repair of a failed submit: kept, it teaches reading the report
+            Message("assistant", "", [ToolCall("write_file", {"path": "config.toml",
+                                                              "content": CONFIG}, "b")]),
+            Message("tool", "ok", tool_call_id="b")]
+
+
+def policy(**kw) -> LMPolicy:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    return LMPolicy.from_pretrained("tiny-m", max_new_tokens=96, lora_rank=8, lora_alpha=16, **kw)
+
+
+@pytest.fixture(scope="module")
+def agent() -> LMPolicy:
+    return policy()
+
+
+def test_sft_tokens_are_the_tokens_the_policy_acts_with(agent):
+    demo = Demo(conversation(), TOOLS, passed=True, id="d")
+    render, encode_action = policy_encoders(agent)
+    for pack in (False, True):
+        stats = EncodeStats()
+        seqs = encode_demo(demo, render, encode_action, stats, pack=pack)
+        pairs = [p for s in seqs for p in turn_pairs(s)]
+        assert stats.turns == 2 and len(pairs) == 2
+        for (context, action), k in zip(pairs, (2, 4), strict=True):
+            # the context is what the policy renders at act time for the same conversation
+            assert context == agent.render(Observation(conversation()[:k], TOOLS))
+            assert action[-1] == agent.eos_id
+            message, error = parse_assistant(agent.tokenizer.decode(action[:-1]))
+            want = conversation()[k].tool_calls[0]
+            assert error is None
+            assert [(c.name, c.arguments) for c in message.tool_calls] == [(want.name,
+                                                                            want.arguments)]
+        if pack:  # this template re-renders earlier turns unchanged: one sequence per episode
+            assert len(seqs) == 1 and seqs[0].n_targets == sum(len(a) for _, a in pairs)
+
+
+def test_a_response_prefix_stays_in_the_context_not_in_the_targets():
+    prefix = '<tool_call>{"name": "'
+    agent = policy(response_prefix=prefix)
+    render, encode_action = policy_encoders(agent)
+    (seq,) = encode_demo(Demo(conversation()[:3], TOOLS, id="d"), render, encode_action)
+    ((context, action),) = turn_pairs(seq)
+    assert context == agent.render(Observation(conversation()[:2], TOOLS))
+    text = prefix + agent.tokenizer.decode(action[:-1])
+    assert parse_assistant(text)[0].tool_calls[0].arguments["content"] == "max_steps = 0"
+
+
+def test_masked_tokens_carry_no_gradient(agent):
+    """The loss is the mean -log p over action tokens only: it equals that sum computed from
+    the full logits in the test, and only the action positions ever reach the LM head."""
+    import torch.nn.functional as F
+
+    render, encode_action = policy_encoders(agent)
+    (seq,) = encode_demo(Demo(conversation(), TOOLS, id="d"), render, encode_action)
+    rows = []
+    head = agent.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[1]))
+    try:
+        loss, n = bc_loss(agent.model, seq)
+    finally:
+        hook.remove()
+    assert rows == [n] and n == seq.n_targets < len(seq.ids) // 3
+    with torch.no_grad():
+        logp = F.log_softmax(agent.model(input_ids=torch.tensor([seq.ids])).logits[0].float(), -1)
+    want = -sum(float(logp[t - 1, seq.ids[t]]) for t in range(1, len(seq.ids)) if seq.mask[t])
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_behaviour_cloning_lowers_the_loss_resumes_and_the_adapter_acts(tmp_path):
+    agent = policy()
+    render, encode_action = policy_encoders(agent)
+    seqs = encode_demo(Demo(conversation(), TOOLS, id="d"), render, encode_action)
+    cfg = SFTConfig(model="tiny-m", steps=24, batch_sequences=1, learning_rate=3e-3,
+                    warmup_steps=0, checkpoint_every=12)
+    # a run that stops at step 12 (its checkpoint), then resumes in a fresh process's stead
+    first = Trainer(agent, cfg.model_copy(update={"steps": 12}), tmp_path)
+    first.train(seqs)
+    fresh = policy()
+    resumed = Trainer(fresh, cfg, tmp_path)
+    assert resumed.resume() and resumed.step == 12 and len(resumed.history) == 12
+    history = resumed.train(seqs)
+    assert [h["step"] for h in history] == list(range(1, 25))
+    losses = [h["loss"] for h in history]
+    assert sum(losses[-4:]) / 4 < 0.3 * sum(losses[:4]) / 4
+    # the adapter loads into a new policy, whose greedy turn is the demo's tool call
+    actor = policy(temperature=0.05)
+    actor.load_adapter(tmp_path)
+    turn = actor.act(Observation(conversation()[:2], TOOLS))
+    assert turn.parse_error is None
+    assert [(c.name, c.arguments) for c in turn.message.tool_calls] == [
+        ("write_file", {"path": "config.toml", "content": "max_steps = 0"})]
+
+
+def test_adapter_of_another_rank_is_refused_with_the_fix(tmp_path):
+    agent = policy()
+    agent.model.save_pretrained(tmp_path / "adapter")
+    other = LMPolicy.from_pretrained("tiny-m", lora_rank=4, lora_alpha=16)
+    with pytest.raises(ValueError, match="lora_rank"):
+        other.load_adapter(tmp_path)
+    with pytest.raises(FileNotFoundError, match="nestor sft"):
+        other.load_adapter(tmp_path / "nowhere")
+
+
+def test_openai_transcripts_and_outcome_filters(tmp_path):
+    line = {"messages": [
+        {"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "x", "type": "function",
+             "function": {"name": "write_file", "arguments": json.dumps({"path": "a"})}}]},
+        {"role": "tool", "tool_call_id": "x", "content": "ok"}],
+        "reward": 0.7, "task": "reverse"}
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps({**line, "reward": r, "passed": p})
+                              for r, p in ((0.7, True), (0.2, True), (0.9, False))) + "\n")
+    demos = from_openai_jsonl(path)
+    assert demos[0].messages[2].tool_calls[0].arguments == {"path": "a"}
+    assert [d.reward for d in select(demos)] == [0.7, 0.2]
+    assert [d.reward for d in select(demos, min_reward=0.5)] == [0.7]
+    assert [d.reward for d in select(demos, passed=False, best_of_group=True)] == [0.9]
+    path.write_text('{"messages": [{"role": "assistant", "tool_calls": [{"function": '
+                    '{"name": "w", "arguments": "{oops"}}]}]}\n')
+    from nestor.sft.demos import DemoError
+
+    with pytest.raises(DemoError, match="line 1.*not JSON"):
+        from_openai_jsonl(path)
