@@ -162,11 +162,12 @@ def test_cli_export_writes_for_the_gpus_asked(tmp_path):
     from nestor.cli import app
 
     job, out = make_job(tmp_path), tmp_path / "rl.toml"
-    result = CliRunner().invoke(app, ["job", "export", str(job), "--prime-rl", str(out)])
+    result = CliRunner().invoke(app, ["job", "export", str(job), "--prime-rl", str(out),
+                                      "--skip-validation"])
     assert result.exit_code == 0, result.output
     assert "CUDA_VISIBLE_DEVICES=0,0 rl @ rl.toml" in out.read_text()
     result = CliRunner().invoke(app, ["job", "export", str(job), "--prime-rl", str(out),
-                                      "--gpus", "3"])
+                                      "--gpus", "3", "--skip-validation"])
     assert result.exit_code == 0, result.output
     rl = tomllib.loads(out.read_text())
     assert rl["deployment"] == {"type": "single_node", "num_train_gpus": 2, "num_infer_gpus": 1}
