@@ -12,6 +12,7 @@ from nestor.cli.common import (
     TasksModuleOpt,
     console,
     fail,
+    out_console,
     print_json,
     registry,
     require_sandbox,
@@ -301,7 +302,6 @@ def _shown(result) -> dict:
 
 
 def _print_result(job_dir: Path, task: str, result, shown: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     colour = "green" if result.status == "ok" else "red"
@@ -320,8 +320,8 @@ def _print_result(job_dir: Path, task: str, result, shown: dict) -> None:
         elif key == "reward_curve":
             value = " ".join(f"{r:.2f}" for r in value)
         table.add_row(key, "-" if value is None else str(value))
-    Console().print(f"{job_dir} on {task}: [{colour}]{result.status}[/{colour}]",
-                    highlight=False)
-    Console().print(table)
+    out = out_console()
+    out.print(f"{job_dir} on {task}: [{colour}]{result.status}[/{colour}]", highlight=False)
+    out.print(table)
     if result.status != "ok" and result.log_tail:
         console.print(result.log_tail, highlight=False, markup=False)

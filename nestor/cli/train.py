@@ -218,8 +218,8 @@ def _run(config, run_dir: Path, resume: bool, tasks_module, json_: bool) -> None
 
 def train(
     config: Path | None = typer.Argument(None, help="Run config TOML (see configs/)."),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory; default "
-                                        "runs/<name>-<timestamp>."),
+    run_dir: Path | None = typer.Option(None, "--out", "--run-dir", help="Run directory; "
+                                        "default runs/<name>-<timestamp>."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its latest checkpoint."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Override the config's seed."),
@@ -234,7 +234,7 @@ def train(
 
     if resume is not None:
         if config is not None or run_dir is not None:
-            fail("--resume RUN_DIR takes no CONFIG or --run-dir: the run's own config is used")
+            fail("--resume RUN_DIR takes no CONFIG or --out: the run's own config is used")
         try:
             cfg = load_resumable(resume)
         except CheckpointError as exc:
@@ -252,7 +252,8 @@ def train(
 
 
 def quickstart(
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Default runs/quickstart-<ts>."),
+    run_dir: Path | None = typer.Option(None, "--out", "--run-dir",
+                                        help="Default runs/quickstart-<ts>."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Override the config's seed."),
     steps: int | None = StepsOpt,
     json_: bool = JsonOpt,
