@@ -7,7 +7,8 @@ it. Every failure of the job's code, or of the child, comes back as a `TaskSourc
 `stage` says which part of the job to fix.
 
 The hosts themselves (start, idle list, retirement) are `nestor.sandbox.hosts`; the zygote is
-`nestor/sandbox/host.py`. A warm host serves one job after another: it pays the seconds of `import
+`nestor/sandbox/host.py`, and what it serves for a job (import, load, score) is
+`nestor/job/protocol.py`. A warm host serves one job after another: it pays the seconds of `import
 verifiers` once, and never runs job code in its own process. Each job runs in processes forked
 for it in fresh user, pid, mount, ipc and network namespaces, with a fresh /tmp and /dev/shm,
 no capabilities, the full seccomp filter and pipes of its own (host_ns.py); when it ends, its
@@ -37,6 +38,7 @@ from nestor.sandbox import Limits, SandboxError
 from nestor.sandbox.hosts import (  # noqa: F401  (re-exported: the host pool)
     FILTER_IN,
     GRACE_S,
+    HOST_FILES,
     HOST_IN,
     HOST_NAME,
     HOST_NS_IN,

@@ -1,8 +1,9 @@
 """The sandboxed taskset hosts: a pool of warm zygotes (host.py) in their sandboxes.
 
-A host is a sandboxed `host.py` (with `host_ns.py` and the full seccomp filter bound next to
-it) that pays the seconds of `import verifiers` once and serves one job after another, each
-in fresh namespaces (or, where it cannot make them, one job only). This module starts hosts
+A host is a sandboxed `host.py` (with `host_ns.py`, the job protocol `nestor/job/protocol.py`
+and the full seccomp filter bound next to it) that pays the seconds of `import verifiers` once
+and serves one job after another, each in fresh namespaces (or, where it cannot make them, one
+job only). This module starts hosts
 (from one long-lived thread), keeps up to MAX_IDLE idle ones per process, hands one out per
 job, takes it back when its job ended cleanly, kills it otherwise, and closes them all at exit.
 What a job's data looks like on the way through is `nestor.job.tasksource`'s business.
@@ -30,6 +31,13 @@ START_S = 60.0  # interpreter + `import verifiers.v1` (the host's own cost, not 
 HOST_SCRIPT = Path(__file__).with_name("host.py")
 HOST_IN = "/opt/nestor/host.py"
 HOST_NS_IN = "/opt/nestor/host_ns.py"  # next to host.py, which loads it from its own directory
+# What host.py serves for a job (the verifiers protocol: import, load, score) lives with the
+# job's side of the wall; it is bound next to host.py as a file, never imported here.
+PROTOCOL_SCRIPT = Path(__file__).parents[1] / "job" / "protocol.py"
+PROTOCOL_IN = "/opt/nestor/protocol.py"
+# The files a host runs, each bound read-only where host.py looks for it.
+HOST_FILES = {str(HOST_SCRIPT): HOST_IN, str(HOST_SCRIPT.with_name("host_ns.py")): HOST_NS_IN,
+              str(PROTOCOL_SCRIPT): PROTOCOL_IN}
 FILTER_IN = "/opt/nestor/seccomp.bpf"  # the full filter, stacked on each job by host_ns.py
 JOBS_IN = "/jobs"
 MAX_IDLE = 2  # idle hosts kept per process
@@ -63,8 +71,7 @@ class _Zygote:
         stage = root / "jobs"
         stage.mkdir(mode=0o755)
         os.chmod(stage, 0o755)  # the sandbox runs as an unprivileged uid
-        binds = {str(HOST_SCRIPT): HOST_IN, str(HOST_SCRIPT.with_name("host_ns.py")): HOST_NS_IN,
-                 str(stage): JOBS_IN}
+        binds = {**HOST_FILES, str(stage): JOBS_IN}
         argv = [sys.executable, "-I", HOST_IN, "--tmp-mb", str(limits.tmp_mb)]
         try:
             # Fresh namespaces need the full filter to stack on every job: without seccomp

@@ -187,9 +187,8 @@ def test_a_host_that_cannot_unshare_says_so_and_serves_one_job(tmp_path):
     bpf.write_bytes(filter_program())
     stage = tmp_path / "jobs"
     shutil.copytree(GOOD, stage / "a", ignore=shutil.ignore_patterns("__pycache__"))
-    binds = {str(tasksource.HOST_SCRIPT): tasksource.HOST_IN,
-             str(tasksource.HOST_SCRIPT.with_name("host_ns.py")): tasksource.HOST_NS_IN,
-             str(bpf): tasksource.FILTER_IN, str(stage): tasksource.JOBS_IN}
+    binds = {**tasksource.HOST_FILES, str(bpf): tasksource.FILTER_IN,
+             str(stage): tasksource.JOBS_IN}
     with SandboxedProcess([sys.executable, "-I", tasksource.HOST_IN], ro_binds=binds,
                           limits=tasksource.TRAIN_LIMITS, cwd="/tmp") as host:
         hello = host.request({"cmd": "hello"}, timeout_s=90)
