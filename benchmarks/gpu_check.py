@@ -14,7 +14,8 @@ What must hold on the device (the check exits 1 otherwise, naming what failed):
   once and reuse the system prompt's KV cache; one IS-GRPO step trains every episode in one
   forward pass, drops nothing out of memory, keeps the LoRA float32 and moves it, with ratio
   ~1 (|mean - 1| < 1e-3 in float32, < 5e-2 in bf16); load + (warm start) + step ≤ 120 s on
-  the device. `--warm-start DIR` loads a `nestor sft` adapter first;
+  the device; before it, a warm start: `--sft-steps` of behaviour cloning on the docs' worked
+  job must cut its loss by a quarter (`--warm-start DIR` loads a `nestor sft` adapter instead);
 - eval: the base model's greedy pre-score equals the CPU's within 0.02 (float32 both), and the
   post-score of the trained model is scored by the same scorer on the same device.
 - inner (benchmarks/gpu_check_inner.py): the worker sizes jobs by its GPU's memory and bf16,
@@ -37,12 +38,16 @@ from pathlib import Path
 import gpu_check_inner  # noqa: E402 (beside this script)
 import torch
 
+from nestor.agent.prompt import doc_job_files
 from nestor.inner.evaluate import score_task
 from nestor.inner.grpo import GRPOTrainer
 from nestor.job.config import JobConfig
 from nestor.models.registry import load_model
-from nestor.policy.base import Message, Observation, TrainItem
+from nestor.policy.base import Message, Observation, ToolCall, TrainItem
 from nestor.policy.lm import LMPolicy
+from nestor.sft.data import encode_demo, policy_encoders
+from nestor.sft.demos import Demo
+from nestor.sft.trainer import SFTConfig, Trainer
 from nestor.tasks import TaskRegistry
 
 TOOLS = [{"type": "function", "function": {
@@ -95,14 +100,34 @@ def lm_part(device: str, args) -> dict:
             "lora_moved": moved}
 
 
-def warm_start(agent: LMPolicy, args) -> dict:
-    """The warm start's hook: `--warm-start DIR` loads a `nestor sft` adapter into the agent
-    before its RL step (lm-sft's part: a ≤ 2-minute `nestor sft` run on the device goes here)."""
-    if not args.warm_start:
-        return {"skipped": "no --warm-start adapter given"}
+def worked_demo(system: str, task: str) -> Demo:
+    """The docs' worked short job, written through the tools one small file per turn: what a
+    warm start clones (nestor/sft; `nestor sft` takes the composer's demos instead)."""
+    files = doc_job_files()
+    messages = [Message("system", system), Message("user", task)]
+    for i, rel in enumerate(["config.toml", "env/pyproject.toml"]):
+        call = ToolCall("write_file", {"path": rel, "content": files[rel]}, f"call_{i}")
+        messages += [Message("assistant", "", [call]),
+                     Message("tool", f"wrote {rel}", tool_call_id=call.id)]
+    return Demo(messages=messages, tools=TOOLS, task="reverse", passed=True, id="docs")
+
+
+def warm_start(agent: LMPolicy, args, system: str, task: str, out: Path) -> dict:
+    """The warm start on the device: `--warm-start DIR` loads a `nestor sft` adapter, else
+    `--sft-steps` steps of behaviour cloning (nestor/sft/trainer.py) on the docs' worked job."""
     t0 = time.perf_counter()
-    agent.load_adapter(args.warm_start)
-    return {"adapter": args.warm_start, "s": round(time.perf_counter() - t0, 3)}
+    if args.warm_start:
+        agent.load_adapter(args.warm_start)
+        return {"adapter": args.warm_start, "s": round(time.perf_counter() - t0, 3)}
+    render, encode_action = policy_encoders(agent)
+    sequences = encode_demo(worked_demo(system, task), render, encode_action)
+    cfg = SFTConfig(model=args.agent_model, steps=args.sft_steps, batch_sequences=1,
+                    learning_rate=3e-3, warmup_steps=0, checkpoint_every=args.sft_steps,
+                    device=agent.device.type)
+    history = Trainer(agent, cfg, out).train(sequences)
+    return {"steps": len(history), "target_tokens": sum(s.n_targets for s in sequences),
+            "loss_first": round(history[0]["loss"], 4), "loss_last": round(history[-1]["loss"], 4),
+            "s": round(time.perf_counter() - t0, 3)}
 
 
 def lm_agent_part(device: str, args) -> dict:
@@ -121,12 +146,13 @@ def lm_agent_part(device: str, args) -> dict:
     t0 = time.perf_counter()
     agent = LMPolicy.from_pretrained(args.agent_model, device=device,
                                      dtype="bfloat16" if cuda else "float32",
-                                     learning_rate=1e-3, max_new_tokens=24, seed=0,
+                                     learning_rate=1e-3, max_new_tokens=160, seed=0,
                                      act_batch_size=args.group, act_batch_window_s=1.0)
-    warm = warm_start(agent, args)
     spec = TaskRegistry([]).get(args.task).spec(0)
     system = system_prompt(spec, models=[args.model], token_budget=3000, max_attempts=2,
                            style="short")
+    with tempfile.TemporaryDirectory() as tmp:
+        warm = warm_start(agent, args, system, task_message(spec), Path(tmp))
     episodes: list[list] = [[] for _ in range(args.group)]
 
     def episode(i: int) -> None:
@@ -209,6 +235,10 @@ def problems(res: dict, cpu: dict | None) -> list[str]:
                    f"in one pass, {ag['oom_dropped_turns']} turns dropped out of memory")
     if ag["prefix_tokens_reused"] <= 0:
         out.append("lm_agent: the system prompt's KV cache was never reused")
+    warm = ag["warm_start"]
+    if "loss_last" in warm and not warm["loss_last"] < 0.75 * warm["loss_first"]:
+        out.append(f"lm_agent: the warm start's loss {warm['loss_first']} → "
+                   f"{warm['loss_last']} did not fall by a quarter")
     if res["device"] != "cpu" and ag["total_s"] > 120:
         out.append(f"lm_agent: {ag['total_s']} s for a load + warm start + RL step (target 120)")
     if cpu is not None and abs(ev["pre"] - cpu["eval"]["pre"]) > 0.02:
@@ -228,7 +258,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--agent-model", default="tiny-m", help="the LM agent's model")
     ap.add_argument("--group", type=int, default=4, help="LM agent: episodes acting at once")
-    ap.add_argument("--warm-start", default=None, help="LM agent: a `nestor sft` adapter dir")
+    ap.add_argument("--warm-start", default=None, help="LM agent: a `nestor sft` adapter dir "
+                    "(default: --sft-steps of behaviour cloning on the docs' worked job)")
+    ap.add_argument("--sft-steps", type=int, default=12, help="LM agent: warm-start steps")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     devices = ["cpu"]

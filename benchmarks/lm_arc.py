@@ -165,10 +165,12 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
                     steps=args.sft_steps, batch_sequences=args.sft_batch,
                     learning_rate=args.sft_lr, warmup_steps=min(5, args.sft_steps // 4),
                     lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha,
-                    max_new_tokens=pc.max_new_tokens, prompt_style="compact",
+                    max_new_tokens=pc.max_new_tokens,
+                    prompt_style=config.episode_config().prompt_style,
                     checkpoint_every=max(1, args.sft_steps // 4))
     t0 = time.time()
     summary = run_sft(cfg, sft_dir, resume=(sft_dir / "sft.json").is_file(),
+                      episode=config.episode_config(),
                       on_step=lambda h: print(f"  sft step {h['step']}: loss {h['loss']:.3f}",
                                               file=sys.stderr, flush=True))
     return {**summary, "wall_s": round(time.time() - t0, 1), "cached": False}
@@ -255,9 +257,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--validate-only", action="store_true",
                     help="arms' jobs are validated, not trained (reward/quality n/a)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["untrained", "warm", "rl"],
-                    help="leave out the untrained arm, the warm start (and all after it), or "
-                    "the RL phase")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=["untrained", "warm", "warm-eval", "rl"],
+                    help="leave out the untrained arm, the warm start (and all after it), the "
+                    "warm-started arm, or the RL phase")
     args = ap.parse_args()
 
     import torch
@@ -310,7 +313,7 @@ def main() -> None:
             evaluate("untrained", make_policy(untrained), seed0)
         warm_cfg = config.model_copy(deep=True)
         warm_cfg.policy.adapter = str(out / "sft")
-        if "warm" not in args.skip:
+        if "warm" not in args.skip and "warm-eval" not in args.skip:
             evaluate("warm-started", make_policy(warm_cfg), seed0)
         if "rl" not in args.skip and "warm" not in args.skip:
             from nestor.outer.checkpoint import latest_checkpoint

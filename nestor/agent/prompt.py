@@ -78,6 +78,21 @@ def base_models(names: list[str]) -> str:
     return "\n".join(out)
 
 
+def doc_job_files(section: str = "A complete minimal job") -> dict[str, str]:
+    """The files of a worked job in docs/job-format.md: one section's fenced blocks, keyed by
+    the `path`: line before each (empty when the doc is missing)."""
+    import re
+
+    text = _job_format()
+    start = text.find(f"## {section}\n")
+    if start < 0:
+        return {}
+    end = text.find("\n## ", start + 1)
+    text = text[start:end if end > 0 else None]
+    return {m.group(1): m.group(2) for m in re.finditer(
+        r"^`([\w/.]+)`(?: \([^)]*\))?:\n\n```\w*\n(.*?)```", text, re.S | re.M)}
+
+
 def _minimal_job() -> str:
     """The doc's "A complete minimal job" section: the short form's three files, worked."""
     text = _job_format()
@@ -121,10 +136,10 @@ def short_system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
     return f"""{ROLE}
 
 Write the job with write_file, one call per file, then call submit: config.toml (base_model \
-and GRPO hyperparameters), data/train.jsonl ({{"prompt", "answer"}} rows in the task's exact \
-test format), env/pyproject.toml and env/<name>/__init__.py (a verifiers v1 vf.Taskset whose \
-Task has @vf.reward methods returning floats in [0, 1]). A failed submit's report names what to \
-fix.
+and GRPO hyperparameters), env/pyproject.toml and env/<name>/__init__.py (a verifiers v1 \
+vf.Taskset whose load() makes the rows in the task's exact test format from a seeded generator, \
+and whose Task has @vf.reward methods returning floats in [0, 1]); rows may instead come from \
+data/train.jsonl ({{"prompt", "answer"}} rows). A failed submit's report names what to fix.
 
 Base models: {", ".join(f"`{m}`" for m in models)}. Budget: max_steps × prompts_per_step × \
 group_size × max_new_tokens ≤ {token_budget:,}. {max_attempts} submit attempts.

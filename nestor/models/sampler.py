@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
+from nestor.models.kv_cache import GrowingCache
 from nestor.models.prefix_cache import PrefixCache
 
 
@@ -89,7 +89,9 @@ def sample(model, prompts: list[list[int]], max_new_tokens: int, *, eos_id: int,
     # columns are masked and the positions given explicitly, so every row sees its own prompt.
     shared, cache = (prefix_cache.prefill(model, prompts) if prefix_cache is not None
                      else (0, None))
-    cache = cache if cache is not None else DynamicCache()
+    # Room for every token this call may add, so decoding writes K/V in place (kv_cache.py).
+    cache = (GrowingCache.of(cache, max_new_tokens) if cache is not None
+             else GrowingCache(max_new_tokens))
     rest_ids, rest_mask = left_pad([p[shared:] for p in prompts], pad_id, device)  # [B, R]
     attn = torch.cat([torch.ones((batch, shared), dtype=torch.long, device=device),
                       rest_mask.long()], dim=1)  # [B, P0 + R + t], one column more per step

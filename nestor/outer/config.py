@@ -43,7 +43,7 @@ class PolicyConfig(_Section):
         "model's context, within 256..4096 (a turn may write a whole dataset file).")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
     tool_format: Literal["auto", "json", "qwen3_5"] = Field(
-        "auto", description="tinker: how the model writes tool calls: json (Qwen3, Hermes) or "
+        "auto", description="lm, tinker: how the model writes tool calls: json (Qwen3, Hermes) or "
         "qwen3_5 (Qwen3.5/3.6 XML); auto reads the model's chat template.")
     tinker_service: Literal["remote", "local"] = Field(
         "remote", description="tinker: the real API ($TINKER_API_KEY) or the offline stand-in "
@@ -83,6 +83,10 @@ class PolicyConfig(_Section):
         True, description="lm: a turn's context is the previous turn's context + its sampled "
         "tokens + the new messages (the model sees its own tokens and an episode trains in one "
         "forward pass); false: the chat template re-renders the whole conversation each turn.")
+    merge_lora: bool = Field(
+        True, description="lm: act with the LoRA merged into float32 base weights (one "
+        "matmul per layer instead of three); training sees it apart. Never merged into "
+        "bf16/fp16 weights.")
     credit: Literal["marginal", "episode"] = Field(
         "marginal", description="composer: marginal (each decision learns from its choices' "
         "pooled mean advantages, SGD at credit_lr) or episode (IS-GRPO with Adam at "

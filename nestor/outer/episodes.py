@@ -38,7 +38,8 @@ def make_policy(config: RunConfig, run_dir: Path | None = None):
             tis_cap=config.tis_cap, seed=config.seed, response_prefix=pc.response_prefix,
             dtype=pc.dtype, max_context=pc.max_context,
             gradient_checkpointing=pc.gradient_checkpointing,
-            prefix_cache_tokens=pc.prefix_cache_tokens, extend_contexts=pc.extend_contexts)
+            prefix_cache_tokens=pc.prefix_cache_tokens, extend_contexts=pc.extend_contexts,
+            merge_lora=pc.merge_lora, tool_format=pc.tool_format)
         if pc.adapter:  # the warm start (nestor sft): RL starts from the cloned behaviour
             policy.load_adapter(pc.adapter)
         return policy

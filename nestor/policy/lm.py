@@ -56,6 +56,7 @@ from nestor.policy.lm_sequence import (
     turn_sequence,
 )
 from nestor.policy.oom import PolicyOutOfMemory, free_memory, is_oom
+from nestor.policy.tool_format import tool_format_for
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DEFAULT_TIS_CAP = 2.0
@@ -151,7 +152,8 @@ class LMPolicy:
                  tis_cap: float = DEFAULT_TIS_CAP, grad_clip: float = 1.0, seed: int = 0,
                  act_batch_size: int = 8, act_batch_window_s: float = 0.01,
                  response_prefix: str = "", gradient_checkpointing: bool = True,
-                 prefix_cache_tokens: int = 8192, extend_contexts: bool = True):
+                 prefix_cache_tokens: int = 8192, extend_contexts: bool = True,
+                 merge_lora: bool = True, tool_format: str = "auto"):
         from peft import LoraConfig, get_peft_model
 
         if tokenizer.chat_template is None:
@@ -172,12 +174,21 @@ class LMPolicy:
             enable({"use_reentrant": False})
         with warnings.catch_warnings():  # peft touches a deprecated transformers property
             warnings.simplefilter("ignore", FutureWarning)
-            self.model = get_peft_model(model, lora)
+            self._model = get_peft_model(model, lora)
+        # Acting on float32 weights merges the LoRA into them (W + BA: one matmul per layer,
+        # not three; ~20% of a SmolLM2 decode step on CPU); `self.model` unmerges, so whoever
+        # trains or loads sees the adapter apart. Never for bf16/fp16 weights: a small BA
+        # would round away in them.
+        self.merge_lora = merge_lora and all(p.dtype == torch.float32
+                                             for p in model.parameters())
+        self._merged = False
+        self._merge_lock = threading.Lock()
         for p in self.model.parameters():  # float32 master weights (and Adam state) for LoRA
             if p.requires_grad:
                 p.data = p.data.float()
         self.model.eval()  # no dropout anywhere: sampler and trainer see the same function
         self.tokenizer = tokenizer
+        self.tool_format = tool_format_for(tokenizer, tool_format)  # how replies call tools
         self.temperature = temperature
         # Text every reply starts with, put in the context after the generation prompt (so it is
         # never an action and never trained on) and in front of the decoded reply: e.g.
@@ -208,6 +219,23 @@ class LMPolicy:
         self._batcher = RequestBatcher(self._sample_isolated, max_batch=act_batch_size,
                                        window_s=act_batch_window_s)
         self._lock = threading.Lock()
+
+    @property
+    def model(self):
+        """The peft model with its LoRA apart from the base weights: the one to train, score,
+        save or load (acting may have merged it, see `__init__`)."""
+        self._set_merged(False)
+        return self._model
+
+    def _set_merged(self, merged: bool) -> None:
+        with self._merge_lock:
+            if merged != self._merged:
+                (self._model.merge_adapter if merged else self._model.unmerge_adapter)()
+                self._merged = merged
+
+    def _weights_changed(self) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # cached keys and values were computed by the old weights
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, device: str = "cpu", dtype: str = "auto",
@@ -251,7 +279,8 @@ class LMPolicy:
         return out
 
     def _sample_rows(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-        out = sample(self.model, contexts, self.max_new_tokens, eos_id=self.eos_id,
+        self._set_merged(self.merge_lora)
+        out = sample(self._model, contexts, self.max_new_tokens, eos_id=self.eos_id,
                      pad_id=self.tokenizer.pad_token_id, temperature=self.temperature,
                      generator=self.generator, tokenizer=_LockedDecoder(self.tokenizer, self._lock),
                      prefix_cache=self.prefix_cache)
@@ -296,7 +325,8 @@ class LMPolicy:
                 [t for t in actions if t != self.eos_id], skip_special_tokens=False)
             call_prefix = f"call_{self.turns_sampled}"
             self.turns_sampled += 1
-        message, error = parse_assistant(text, call_prefix=call_prefix)
+        message, error = parse_assistant(text, call_prefix=call_prefix, fmt=self.tool_format,
+                                         tools=obs.tools)
         with self._lock:
             if error is not None:
                 self.malformed_calls += 1
@@ -369,8 +399,7 @@ class LMPolicy:
             params, self.grad_clip if self.grad_clip > 0 else math.inf))
         self.optimizer.step()
         self.version += 1
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()  # cached keys and values were computed by the old weights
+        self._weights_changed()
         tokens = sum(f["tokens"] for f in figures)
 
         def weighted(key: str) -> float:
@@ -404,8 +433,7 @@ class LMPolicy:
         weights = load_file(str(path / "adapter" / "adapter_model.safetensors"),
                             device=str(self.device))
         set_peft_model_state_dict(self.model, {k: v.float() for k, v in weights.items()})
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()
+        self._weights_changed()
         state = torch.load(path / "state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
@@ -432,7 +460,7 @@ class LMPolicy:
             raise FileNotFoundError(f"{path}: no adapter_model.safetensors; pass the --out "
                                     "directory of `nestor sft`")
         saved = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
-        mine = self.model.peft_config["default"]
+        mine = self._model.peft_config["default"]
         if (saved.get("r"), saved.get("lora_alpha")) != (mine.r, mine.lora_alpha):
             raise ValueError(f"{path}: the adapter has LoRA rank {saved.get('r')}, alpha "
                              f"{saved.get('lora_alpha')}; this policy has {mine.r}, "
@@ -443,10 +471,9 @@ class LMPolicy:
         if unexpected:
             raise ValueError(f"{path}: {len(unexpected)} adapter weights fit no layer of this "
                              f"model (e.g. {unexpected[0]}): was it trained on another model?")
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()  # cached keys and values were computed by the old weights
+        self._weights_changed()
 
     def info(self) -> dict[str, Any]:
-        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        trainable = sum(p.numel() for p in self._model.parameters() if p.requires_grad)
         return {"version": self.version, "trainable_params": trainable,
                 "malformed_calls": self.malformed_calls}

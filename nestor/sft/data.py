@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from nestor.policy.base import Message, Observation
 from nestor.policy.chat import format_assistant
+from nestor.policy.tool_format import JSON, ToolFormat
 from nestor.sft.demos import Demo
 
 
@@ -51,7 +52,8 @@ def policy_encoders(policy) -> tuple[Callable[[Observation], list[int]],
     tok, prefix = policy.tokenizer, policy.response_prefix
 
     def encode_action(message: Message) -> list[int] | None:
-        text = template_text(tok, message) or format_assistant(message)
+        fmt = policy.tool_format
+        text = template_text(tok, message, fmt) or format_assistant(message, fmt)
         if not text.startswith(prefix):
             return None
         ids = tok(text[len(prefix):], add_special_tokens=False).input_ids + [policy.eos_id]
@@ -60,7 +62,7 @@ def policy_encoders(policy) -> tuple[Callable[[Observation], list[int]],
     return policy.render, encode_action
 
 
-def template_text(tokenizer, message: Message) -> str | None:
+def template_text(tokenizer, message: Message, fmt: ToolFormat = JSON) -> str | None:
     """The assistant turn as the model's own chat template writes it (what follows the
     generation prompt, up to the end token), when that text parses back into the same tool
     calls; else None (then `format_assistant`). A template may lay out tool calls its own way
@@ -81,7 +83,7 @@ def template_text(tokenizer, message: Message) -> str | None:
     if not after.startswith(before) or not eos or eos not in after[len(before):]:
         return None
     text = after[len(before):].split(eos, 1)[0]
-    parsed, error = parse_assistant(text)
+    parsed, error = parse_assistant(text, fmt=fmt)
     same = [(c.name, c.arguments) for c in parsed.tool_calls] == [
         (c.name, c.arguments) for c in message.tool_calls]
     return text if error is None and same and parsed.content == message.content.strip() else None

@@ -25,8 +25,11 @@ def make_policy(cfg: SFTConfig):
 
 
 def gather_demos(cfg: SFTConfig, out: Path, *, pool: Any = None, resume: bool = False,
-                 on_demo: Callable[[Demo], None] | None = None) -> tuple[list[Demo], int]:
-    """(the demos kept, how many were read). A resumed run reuses DIR/demos.jsonl."""
+                 on_demo: Callable[[Demo], None] | None = None,
+                 episode: Any = None) -> tuple[list[Demo], int]:
+    """(the demos kept, how many were read). A resumed run reuses DIR/demos.jsonl.
+    `episode`: the EpisodeConfig the composer's demos run under — the RL run's own, so the
+    system prompt cloned is the one the policy reads later (default: cfg.prompt_style's)."""
     kept_file = out / "demos.jsonl"
     if resume and kept_file.is_file():
         demos = read_demos(kept_file)
@@ -36,7 +39,7 @@ def gather_demos(cfg: SFTConfig, out: Path, *, pool: Any = None, resume: bool = 
         from nestor.agent.episode import EpisodeConfig
 
         kw = {"tasks": cfg.tasks, "pool": pool, "seed": cfg.seed, "on_episode": on_demo,
-              "episode": EpisodeConfig(prompt_style=cfg.prompt_style)}
+              "episode": episode or EpisodeConfig(prompt_style=cfg.prompt_style)}
     demos = load_source(cfg.demos, out, **kw)
     kept = select(demos, passed=cfg.passed_only, min_reward=cfg.min_reward,
                   best_of_group=cfg.best_of_group)
@@ -46,10 +49,12 @@ def gather_demos(cfg: SFTConfig, out: Path, *, pool: Any = None, resume: bool = 
 
 def run_sft(cfg: SFTConfig, out: Path, *, resume: bool = False, pool: Any = None,
             policy: Any = None, on_demo: Callable[[Demo], None] | None = None,
-            on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+            on_step: Callable[[dict], None] | None = None,
+            episode: Any = None) -> dict[str, Any]:
     out = Path(out)
     write_config(cfg, out)
-    demos, n_read = gather_demos(cfg, out, pool=pool, resume=resume, on_demo=on_demo)
+    demos, n_read = gather_demos(cfg, out, pool=pool, resume=resume, on_demo=on_demo,
+                                 episode=episode)
     if not demos:
         raise ValueError(f"no demos left of {n_read} read from {cfg.demos} after the filters "
                          f"(passed_only={cfg.passed_only}, min_reward={cfg.min_reward}); "

@@ -102,13 +102,16 @@ def batches(sequences: list[SFTSequence], cfg: SFTConfig, step: int) -> list[SFT
 class Trainer:
     def __init__(self, policy, cfg: SFTConfig, out_dir: Path):
         self.policy, self.cfg, self.out = policy, cfg, Path(out_dir)
-        self.model = policy.model
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.params = params
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate,
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate,
                                            weight_decay=cfg.weight_decay)
         self.step = 0
         self.history: list[dict] = []
+
+    @property
+    def model(self):
+        """The policy's model with its LoRA apart (acting may have merged it: LMPolicy.model)."""
+        return self.policy.model
 
     # ---- checkpoints ----------------------------------------------------------------------
     @property

@@ -15,8 +15,8 @@ def test_gpu_check_runs_its_cpu_half_and_says_why_cuda_was_skipped():
     import torch
 
     out = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--n", "24",
-                          "--threads", "1", "--group", "2"], capture_output=True, text=True,
-                         timeout=600)
+                          "--threads", "1", "--group", "2", "--sft-steps", "4"],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     cpu = summary["results"]["cpu"]
@@ -26,6 +26,8 @@ def test_gpu_check_runs_its_cpu_half_and_says_why_cuda_was_skipped():
     assert agent["episodes_one_pass"] == agent["episodes"] == 2 and agent["lora_moved"]
     assert abs(agent["ratio_mean"] - 1) < 1e-3 and agent["lora_float32"]
     assert agent["prefix_tokens_reused"] > 0 and agent["oom_dropped_turns"] == 0
+    warm = agent["warm_start"]  # behaviour cloning of the docs' job, before the RL step
+    assert warm["steps"] == 4 and warm["loss_last"] < 0.75 * warm["loss_first"]
     assert cpu["eval"]["n"] == 24 and 0 <= cpu["eval"]["pre"] <= 1
     inner = cpu["inner"]  # the inner trainer's GPU items, their CPU half
     assert inner["memory"]["dtype_bytes"] == 2 and inner["memory"]["cap_mb"] == 2048

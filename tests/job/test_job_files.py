@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from nestor.agent.prompt import doc_job_files
 from nestor.cli import app
 from nestor.job.export import to_prime_rl, to_prime_rl_toml
 from nestor.job.layout import LayoutError, read_layout
@@ -150,19 +151,6 @@ def test_cli_validate_exit_codes_and_json(tmp_path, job):
 DOC = Path(__file__).resolve().parents[2] / "docs" / "job-format.md"
 
 
-def _doc_blocks(section: str) -> dict[str, str]:
-    """The fenced blocks of one section of docs/job-format.md, keyed by the `path`: line
-    before each."""
-    import re
-
-    text = DOC.read_text()
-    start = text.index(f"## {section}\n")
-    end = text.find("\n## ", start + 1)
-    text = text[start:end if end > 0 else None]
-    return {m.group(1): m.group(2) for m in re.finditer(
-        r"^`([\w/.]+)`(?: \([^)]*\))?:\n\n```\w*\n(.*?)```", text, re.S | re.M)}
-
-
 def test_docs_list_every_config_knob_with_its_default():
     from nestor.job.config import JobConfig
 
@@ -181,7 +169,7 @@ def test_the_documented_short_job_passes_the_probe(tmp_path):
     from nestor.job.validate import validate_job
     from nestor.tasks import TaskRegistry
 
-    blocks = _doc_blocks("A complete minimal job")
+    blocks = doc_job_files("A complete minimal job")
     assert set(blocks) == {"config.toml", "env/pyproject.toml", "env/reverse_job/__init__.py"}
     for rel, text in blocks.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -197,7 +185,7 @@ def test_the_documented_long_job_passes_the_probe(tmp_path):
     from nestor.job.validate import validate_job
     from nestor.tasks import TaskRegistry
 
-    blocks = _doc_blocks("The long form: rows in a data file")
+    blocks = doc_job_files("The long form: rows in a data file")
     assert {"config.toml", "env/pyproject.toml", "env/reverse_job/__init__.py"} <= set(blocks)
     for rel in ("config.toml", "env/pyproject.toml", "env/reverse_job/__init__.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -282,3 +282,43 @@ def test_response_prefix_is_context_not_action():
     with torch.no_grad():  # on-policy ratio 1 with the prefix in the context
         logp = token_logprobs(agent.model, turn.context_ids, turn.action_ids, agent.temperature)
     assert float((logp - torch.tensor(turn.sample_logprobs)).abs().max()) < 1e-4
+
+
+def test_acting_merges_the_lora_and_training_sees_it_apart():
+    """float32 weights: acting samples from W + BA merged (one matmul per layer), the same
+    function as the unmerged adapter; training, saving and loading see it apart, and a cycle
+    of act → train → act leaves the base weights where they were."""
+    torch.set_num_threads(1)
+    agent = tiny_agent(learning_rate=1e-2)
+    assert agent.merge_lora
+    base = {n: p.detach().clone() for n, p in agent._model.named_parameters() if "lora" not in n}
+    with torch.no_grad():  # a nonzero adapter (peft starts B at 0, which merges to nothing)
+        for n, p in agent._model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    context = agent.render(obs())
+    ids, logp = agent.sample(context)
+    assert agent._merged
+    unmerged = token_logprobs(agent.model, context, ids, agent.temperature)  # property unmerges
+    assert not agent._merged
+    assert torch.allclose(unmerged, torch.tensor(logp), atol=1e-4)
+    turn = Turn(message=Message("assistant", "x"), action_ids=ids, sample_logprobs=logp,
+                context_ids=context)
+    stats = agent.train_step([TrainItem(turns=[turn], advantage=1.0, policy_version=0)])
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    agent.sample(context)  # merged again, with the new BA
+    agent.model  # noqa: B018 — unmerged
+    for n, p in agent._model.named_parameters():
+        if n in base:
+            assert torch.allclose(p, base[n], atol=1e-6), n
+
+
+def test_lower_precision_weights_are_never_merged():
+    torch.set_num_threads(1)
+    from nestor.models.registry import load_model
+
+    model, tok = load_model("tiny-m")
+    agent = LMPolicy(model.to(torch.bfloat16), tok, max_new_tokens=8)
+    assert not agent.merge_lora
+    agent.sample(agent.render(obs()))
+    assert not agent._merged

@@ -121,3 +121,28 @@ def test_stop_tokens_of_a_chatml_template_include_im_end():
     _, tok = load_model("tiny-m")
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert stop_token_ids(tok)[0] == im_end
+
+
+def test_the_local_lm_policy_reads_and_clones_calls_in_its_format():
+    """`[policy] tool_format` reaches the local LM policy: a Qwen3.5-style XML reply it samples
+    parses into calls, and a warm start's demo turn is written in that format."""
+    import torch
+
+    from nestor.models.registry import load_model
+    from nestor.policy.base import Observation
+    from nestor.policy.lm import LMPolicy
+    from nestor.sft.data import policy_encoders
+
+    torch.set_num_threads(1)
+    model, tok = load_model("tiny-m")
+    agent = LMPolicy(model, tok, max_new_tokens=400, tool_format="qwen3_5")
+    assert agent.tool_format is QWEN3_5
+    reply = tok(XML_REPLY, add_special_tokens=False).input_ids + [agent.eos_id]
+    agent.sample = lambda context: (reply, [0.0] * len(reply))
+    turn = agent.act(Observation([Message("system", "s"), Message("user", "u")], []))
+    assert turn.parse_error is None
+    assert [c.name for c in turn.message.tool_calls] == ["write_file", "run_probe"]
+    _, encode_action = policy_encoders(agent)
+    call = ToolCall("write_file", {"path": "a.txt", "content": "hi"}, "call_0")
+    ids = encode_action(Message("assistant", "", [call]))
+    assert "<function=write_file>" in tok.decode(ids)
