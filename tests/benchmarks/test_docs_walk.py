@@ -48,6 +48,7 @@ def test_every_step_runs_capped_or_says_why_not():
     assert any("localhost:9999" in c for c in commands)
     reasons = {s.text.split()[0]: s.skip for s in steps if s.skip}
     assert reasons.get("make") and reasons.get("export")
+    assert not [c for c in commands if "smollm2" in c or "lm_arc" in c or "lm-arc" in c]
 
 
 def test_output_lines_and_comments_are_not_commands(tmp_path, monkeypatch):
