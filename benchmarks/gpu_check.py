@@ -14,7 +14,7 @@ What must hold on the device (the check exits 1 otherwise, naming what failed):
   once and reuse the system prompt's KV cache; one IS-GRPO step trains every episode in one
   forward pass, drops nothing out of memory, keeps the LoRA float32 and moves it, with ratio
   ~1 (|mean - 1| < 1e-3 in float32, < 5e-2 in bf16); load + (warm start) + step ≤ 120 s on
-  the device; before it, a warm start: `--sft-steps` of behaviour cloning on the docs' worked
+  the device; cuDNN attention off while acting (it rebuilds a graph for every decode step); before it, a warm start: `--sft-steps` of behaviour cloning on the docs' worked
   job must cut its loss by a quarter (`--warm-start DIR` loads a `nestor sft` adapter instead);
 - eval: the base model's greedy pre-score equals the CPU's within 0.02 (float32 both), and the
   post-score of the trained model is scored by the same scorer on the same device.
@@ -187,7 +187,9 @@ def lm_agent_part(device: str, args) -> dict:
             "lora_float32": all(p.dtype == torch.float32 for p in lora),
             "lora_moved": any(not torch.equal(p.detach(), before[n])
                               for n, p in agent.model.named_parameters() if p.requires_grad),
-            "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None}
+            "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
+            # cuDNN attention rebuilds a graph per decode step (registry.py turns it off)
+            "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled() if cuda else None}
 
 
 def eval_part(device: str, task_id: str, trained, tok, args) -> dict:
@@ -233,6 +235,9 @@ def problems(res: dict, cpu: dict | None) -> list[str]:
     if ag["episodes_one_pass"] != ag["episodes"] or ag["oom_dropped_turns"]:
         out.append(f"lm_agent: {ag['episodes_one_pass']} of {ag['episodes']} episodes trained "
                    f"in one pass, {ag['oom_dropped_turns']} turns dropped out of memory")
+    if ag["cudnn_sdp"]:
+        out.append("lm_agent: cuDNN attention is on while acting (a graph build per decode "
+                   "step: 54 vs 14 ms a step on an H200)")
     if ag["prefix_tokens_reused"] <= 0:
         out.append("lm_agent: the system prompt's KV cache was never reused")
     warm = ag["warm_start"]

@@ -2,12 +2,15 @@
 demonstrations, then RL-trained — measured on the training tasks and the held-out family.
 
 Phases (configs/lm-arc.toml; every phase's files under --out):
-1. warm start, once, cached: the composer writes --demos-per-task short-form jobs per training
-   task, validated by the probe; `nestor sft` clones the ones that passed (OUT/sft/).
+1. warm start, once, cached: the composer writes --demos-per-task short-form jobs per task of
+   --demo-tasks (default the config's; `all`: every training task), validated by the probe;
+   `nestor sft` clones the ones that passed (OUT/sft/) on --sft-device. --demos-only stops after
+   the demos, so the cloning can run on another machine (a GPU) and be copied back.
 2. per seed: `nestor train` (IS-GRPO) from that adapter for --rl-steps steps (OUT/rl-sN/).
-3. arms: untrained, warm-started, and each seed's RL-trained policy each run --eval-episodes
-   episodes per training task and --heldout-episodes per held-out task (OUT/eval-*/); jobs
-   are trained on a local pool unless --validate-only (then reward and quality are n/a).
+3. arms: untrained, warm-started, each seed's RL-trained policy (and with --composer the
+   composer itself, untrained) each run --eval-episodes episodes per training task and
+   --heldout-episodes per held-out task (OUT/eval-*/); jobs are trained on a local pool unless
+   --validate-only (then reward and quality are n/a).
 It prints per arm (per seed for RL) and pooled: first-try validation rate, validation rate,
 job quality and reward, with 95% intervals (Wilson for rates, normal for means); the RL reward's
 first third → last third per seed; what moved in the jobs (base-model share, config knobs
@@ -151,9 +154,19 @@ def fmt(s: dict[str, Any]) -> str:
 
 # ---- phases -------------------------------------------------------------------------------
 
+def demo_tasks(args, config) -> list[str]:
+    """The tasks the composer's demos are written for: the RL run's (default), or `all`
+    training tasks (more answer lengths to clone; never the held-out family)."""
+    if args.demo_tasks == ["all"]:
+        from nestor.tasks import TaskRegistry
+
+        return [r.id for r in TaskRegistry().training_tasks()]
+    return args.demo_tasks or config.tasks
+
+
 def warm_start(args, config, out: Path) -> dict[str, Any]:
-    from nestor.sft.run import run_sft
-    from nestor.sft.trainer import SFTConfig
+    from nestor.sft.run import gather_demos, run_sft
+    from nestor.sft.trainer import SFTConfig, write_config
 
     sft_dir = out / "sft"
     if (sft_dir / "summary.json").is_file() and (sft_dir / "adapter").is_dir():
@@ -161,13 +174,18 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
         print(f"warm start: cached in {sft_dir}", file=sys.stderr)
         return {**summary, "cached": True}
     pc = config.policy
-    cfg = SFTConfig(model=pc.model, demos=f"composer:{args.demos_per_task}", tasks=config.tasks,
+    cfg = SFTConfig(model=pc.model, demos=f"composer:{args.demos_per_task}",
+                    tasks=demo_tasks(args, config), device=args.sft_device,
                     steps=args.sft_steps, batch_sequences=args.sft_batch,
                     learning_rate=args.sft_lr, warmup_steps=min(5, args.sft_steps // 4),
                     lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha,
                     max_new_tokens=pc.max_new_tokens,
                     prompt_style=config.episode_config().prompt_style,
                     checkpoint_every=max(1, args.sft_steps // 4))
+    if args.demos_only:  # the SFT runs elsewhere (a GPU): it resumes from DIR/demos.jsonl
+        write_config(cfg, sft_dir)
+        kept, n_read = gather_demos(cfg, sft_dir, episode=config.episode_config())
+        return {"demos_kept": len(kept), "demos_read": n_read, "demos_only": True}
     t0 = time.time()
     summary = run_sft(cfg, sft_dir, resume=(sft_dir / "sft.json").is_file(),
                       episode=config.episode_config(),
@@ -248,8 +266,14 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=60)
     ap.add_argument("--sft-batch", type=int, default=4)
     ap.add_argument("--sft-lr", type=float, default=2e-4)
+    ap.add_argument("--sft-device", default="cpu", help="the warm start's torch device")
+    ap.add_argument("--demo-tasks", nargs="*", default=None, help="tasks the composer's demos "
+                    "are written for (default: the config's; `all`: every training task)")
+    ap.add_argument("--demos-only", action="store_true", help="write the warm start's demos "
+                    "(OUT/sft/demos.jsonl) and stop: a later run, on a GPU say, trains on them")
     ap.add_argument("--eval-tasks", nargs="*", default=None,
-                    help="training tasks the arms are measured on (default: the config's)")
+                    help="training tasks the arms are measured on (default: the config's; "
+                    "the flag alone: none, the held-out family only)")
     ap.add_argument("--heldout-tasks", nargs="*", default=None,
                     help="held-out tasks the arms are measured on (default: all)")
     ap.add_argument("--eval-episodes", type=int, default=6, help="per training task and arm")
@@ -257,6 +281,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--validate-only", action="store_true",
                     help="arms' jobs are validated, not trained (reward/quality n/a)")
+    ap.add_argument("--composer", action="store_true", help="also measure the composer "
+                    "(untrained, short form: the demos' writer) as an arm on the same episodes")
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["untrained", "warm", "warm-eval", "rl"],
                     help="leave out the untrained arm, the warm start (and all after it), the "
@@ -275,7 +301,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     reg = TaskRegistry()
     heldout = args.heldout_tasks or [r.id for r in reg.heldout_tasks()]
-    eval_tasks = args.eval_tasks or config.tasks
+    eval_tasks = config.tasks if args.eval_tasks is None else args.eval_tasks  # none: held-out only
     pool = None
     if not args.validate_only:
         from nestor.pool.base import make_pool
@@ -292,6 +318,9 @@ def main() -> None:
         if "warm" not in args.skip:
             sft = warm_start(args, config, out)
             report["warm_start"] = sft
+            if args.demos_only:
+                print(json.dumps(report, default=str))
+                return
             print(f"warm start: {sft['demos_kept']} of {sft['demos_read']} demos, loss "
                   f"{sft['loss_first']:.3f} → {sft['loss_last']:.3f} ({sft['steps']} steps)")
 
@@ -307,6 +336,13 @@ def main() -> None:
                 print(f"{name:>14} {split:>7}: {fmt(arms[name][split])}", flush=True)
 
         seed0 = args.seeds[0]
+        if args.composer:  # the demos' writer, on the same episodes: the row to compare with
+            from nestor.policy.composer import Composer, ComposerConfig
+
+            ep = config.episode_config()
+            evaluate("composer", Composer(ComposerConfig(
+                job_form="short", base_models=ep.models, seed=seed0,
+                token_budget=ep.token_budget)), seed0)
         if "untrained" not in args.skip:
             untrained = config.model_copy(deep=True)
             untrained.policy.adapter = None

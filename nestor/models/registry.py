@@ -236,6 +236,13 @@ def _load_model(name_or_path, device, dtype):
         raise ModelNotFoundError(f"cannot load weights {files}: {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     model.to(device)
+    if str(device).startswith("cuda"):
+        import torch
+
+        # cuDNN's attention builds a graph for each new key length (~6.6 ms of CPU a call on
+        # an H200, torch 2.11): decoding, a new length each step in every layer, paid it every
+        # time (54 ms a step in bf16). The other SDPA backends take any length (docs/inner.md).
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if (path / UNMERGED).is_file():  # base weights + a LoRA adapter, applied as trained
         from peft import PeftModel
 

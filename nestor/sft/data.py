@@ -5,7 +5,8 @@ conversation before that turn (`LMPolicy.render`: chat template, tool schemas, g
 prompt, response prefix, the same truncation), and the action is the turn's text as the policy
 writes it (`chat.format_assistant`, without the response prefix, which the context holds) plus
 the end token: what `LMPolicy.act` would have sampled, decoded and parsed into the same calls.
-Loss falls on action tokens only (`mask`).
+Loss falls on action tokens only (`mask`), and not on the turns of an attempt whose submit
+failed validation unless `train_failed` (they stay in the context of the repair that follows).
 
 Packing: when a turn's context begins with the previous turn's context and action (the chat
 template re-renders earlier turns unchanged), the two become one sequence with two masked
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from nestor.policy.base import Message, Observation
 from nestor.policy.chat import format_assistant
 from nestor.policy.tool_format import JSON, ToolFormat
-from nestor.sft.demos import Demo
+from nestor.sft.demos import Demo, failed_attempt_turns
 
 
 @dataclass
@@ -39,6 +40,7 @@ class SFTSequence:
 class EncodeStats:
     turns: int = 0
     dropped_long: int = 0  # actions over the policy's turn cap
+    context_only: int = 0  # turns of failed attempts: in the context, not trained on
     sequences: int = 0
     target_tokens: int = 0
     tokens: int = 0
@@ -91,14 +93,19 @@ def template_text(tokenizer, message: Message, fmt: ToolFormat = JSON) -> str | 
 
 def encode_demo(demo: Demo, render: Callable[[Observation], list[int]],
                 encode_action: Callable[[Message], list[int] | None],
-                stats: EncodeStats | None = None, pack: bool = True) -> list[SFTSequence]:
+                stats: EncodeStats | None = None, pack: bool = True,
+                train_failed: bool = False) -> list[SFTSequence]:
     """The demo's training sequences (one per assistant turn, packed where contexts chain)."""
     stats = stats if stats is not None else EncodeStats()
+    context_only = set() if train_failed else failed_attempt_turns(demo.messages)
     out: list[SFTSequence] = []
     for k, message in enumerate(demo.messages):
         if message.role != "assistant":
             continue
         stats.turns += 1
+        if k in context_only:
+            stats.context_only += 1
+            continue  # a later turn's context renders it; no sequence of its own
         action = encode_action(message)
         if action is None:
             stats.dropped_long += 1

@@ -79,6 +79,27 @@ def read_demos(path: Path) -> list[Demo]:
             path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+FAILED_SUBMIT = "validation failed"  # how the submit tool's answer begins (agent/episode.py)
+
+
+def failed_attempt_turns(messages: list[Message]) -> set[int]:
+    """Indices of the assistant turns of attempts whose submit failed validation: context for
+    the repair that follows, but no target (cloning them would teach the mistake)."""
+    failed: set[int] = set()
+    attempt: list[int] = []
+    submits: dict[str, list[int]] = {}  # a submit call's id -> the turns of its attempt
+    for k, m in enumerate(messages):
+        if m.role == "assistant":
+            attempt.append(k)
+            for call in m.tool_calls:
+                if call.name == "submit":
+                    submits[call.id] = attempt
+                    attempt = []
+        elif m.role == "tool" and m.content.startswith(FAILED_SUBMIT):
+            failed.update(submits.get(m.tool_call_id or "", []))
+    return failed
+
+
 # ---- outcome filters ----------------------------------------------------------------------
 
 def select(demos: list[Demo], *, passed: bool = True, min_reward: float | None = None,

@@ -62,7 +62,8 @@ def run_sft(cfg: SFTConfig, out: Path, *, resume: bool = False, pool: Any = None
     policy = policy or make_policy(cfg)
     render, encode_action = policy_encoders(policy)
     stats = EncodeStats()
-    sequences = [s for d in demos for s in encode_demo(d, render, encode_action, stats)]
+    sequences = [s for d in demos for s in encode_demo(
+        d, render, encode_action, stats, train_failed=cfg.train_failed_attempts)]
     trainer = Trainer(policy, cfg, out)
     resumed_from = trainer.step if resume and trainer.resume() else 0
     history = trainer.train(sequences, on_step=on_step)
@@ -70,7 +71,8 @@ def run_sft(cfg: SFTConfig, out: Path, *, resume: bool = False, pool: Any = None
     summary = {
         "out": str(out), "adapter": str(out / "adapter"), "model": cfg.model,
         "demos_read": n_read, "demos_kept": len(demos), "turns": stats.turns,
-        "turns_dropped_too_long": stats.dropped_long, "sequences": stats.sequences,
+        "turns_dropped_too_long": stats.dropped_long,
+        "turns_context_only": stats.context_only, "sequences": stats.sequences,
         "target_tokens": stats.target_tokens, "tokens": stats.tokens,
         "steps": trainer.step, "resumed_from_step": resumed_from,
         "loss_first": sum(h["loss"] for h in history[:third]) / len(history[:third]),

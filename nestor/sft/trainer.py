@@ -47,6 +47,9 @@ class SFTConfig(BaseModel):
     passed_only: bool = Field(True, description="Keep demos whose job passed validation.")
     min_reward: float | None = Field(None, description="Keep demos with reward ≥ this.")
     best_of_group: bool = Field(False, description="Keep the best demo of each group only.")
+    train_failed_attempts: bool = Field(False, description="Also clone the turns of attempts "
+                                        "whose submit failed (default: they are only the "
+                                        "context of the repair that follows).")
     steps: int = Field(60, ge=1, le=100_000, description="Optimizer steps.")
     batch_sequences: int = Field(4, ge=1, le=1024, description="Sequences per step "
                                  "(gradients accumulated, one forward pass each).")

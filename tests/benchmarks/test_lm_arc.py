@@ -37,3 +37,17 @@ def test_thirds_compare_first_and_last():
     assert lm_arc.thirds([0.0, 0.1, 0.2, 0.3, 0.4, 0.9]) == (pytest.approx(0.05),
                                                              pytest.approx(0.65))
     assert lm_arc.thirds([]) == (None, None)
+
+
+def test_demo_tasks_default_to_the_runs_and_all_means_every_training_task():
+    from argparse import Namespace
+
+    from nestor.tasks import TaskRegistry
+
+    config = Namespace(tasks=["add", "max"])
+    assert lm_arc.demo_tasks(Namespace(demo_tasks=None), config) == ["add", "max"]
+    assert lm_arc.demo_tasks(Namespace(demo_tasks=["reverse"]), config) == ["reverse"]
+    every = lm_arc.demo_tasks(Namespace(demo_tasks=["all"]), config)
+    reg = TaskRegistry()
+    assert set(every) == {r.id for r in reg.training_tasks()} and {"add", "reverse"} <= set(every)
+    assert not set(every) & {r.id for r in reg.heldout_tasks()}  # never the held-out family

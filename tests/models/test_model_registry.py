@@ -72,3 +72,22 @@ def test_missing_and_corrupt_weights_name_the_file(tmp_path):
         load_model(copy)
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         resolve_model_dir(tmp_path)
+
+
+def test_a_model_loaded_for_cuda_turns_cudnn_attention_off(monkeypatch):
+    """cuDNN's SDPA rebuilds a graph for each new key length, i.e. every decode step
+    (measured 54 → 14 ms a step on an H200): a CUDA load switches it off, a CPU load does not.
+    No GPU here: `Module.to` is made a no-op, the backend flag is what is checked."""
+    import torch
+
+    from nestor.models.registry import load_model
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        load_model("tiny-s", device="cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: self)
+        load_model("tiny-s", device="cuda:0")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)

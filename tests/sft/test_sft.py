@@ -67,6 +67,36 @@ def test_sft_tokens_are_the_tokens_the_policy_acts_with(agent):
             assert len(seqs) == 1 and seqs[0].n_targets == sum(len(a) for _, a in pairs)
 
 
+def repaired() -> list[Message]:
+    """An attempt whose submit failed, then its repair, which passed."""
+    def turn(call_id: str, name: str, args: dict) -> Message:
+        return Message("assistant", "", [ToolCall(name, args, call_id)])
+
+    write = {"path": "config.toml", "content": "max_steps = 0"}
+    return [Message("system", "You write jobs."), Message("user", "Teach reverse."),
+            turn("a", "write_file", write), Message("tool", "ok", tool_call_id="a"),
+            turn("b", "submit", {}),
+            Message("tool", "validation failed (attempt 1 of 2): 1 of 9 checks failed.\n"
+                    "FAIL config: max_steps must be >= 1", tool_call_id="b"),
+            turn("c", "write_file", {**write, "content": CONFIG}),
+            Message("tool", "ok", tool_call_id="c"), turn("d", "submit", {}),
+            Message("tool", "validation passed (attempt 2 of 2)", tool_call_id="d")]
+
+
+def test_a_failed_attempt_is_the_repairs_context_not_a_target(agent):
+    render, encode_action = policy_encoders(agent)
+    demo = Demo(repaired(), TOOLS, passed=True, id="d")
+    stats = EncodeStats()
+    pairs = [p for s in encode_demo(demo, render, encode_action, stats) for p in turn_pairs(s)]
+    assert stats.context_only == 2 and len(pairs) == 2
+    # the repair is trained in the context of the failed attempt and the probe's report
+    assert pairs[0][0] == agent.render(Observation(repaired()[:6], TOOLS))
+    assert '"max_steps = 0"' not in agent.tokenizer.decode(pairs[0][1])
+    every = [p for s in encode_demo(demo, render, encode_action, train_failed=True)
+             for p in turn_pairs(s)]
+    assert len(every) == 4 and every[2:] == pairs
+
+
 def test_a_response_prefix_stays_in_the_context_not_in_the_targets():
     prefix = '<tool_call>{"name": "'
     agent = policy(response_prefix=prefix)
