@@ -14,8 +14,9 @@ What must hold on the device (the check exits 1 otherwise, naming what failed):
   once and reuse the system prompt's KV cache; one IS-GRPO step trains every episode in one
   forward pass, drops nothing out of memory, keeps the LoRA float32 and moves it, with ratio
   ~1 (|mean - 1| < 1e-3 in float32, < 5e-2 in bf16); load + (warm start) + step ≤ 120 s on
-  the device; cuDNN attention off while acting (it rebuilds a graph for every decode step); before it, a warm start: `--sft-steps` of behaviour cloning on the docs' worked
-  job must cut its loss by a quarter (`--warm-start DIR` loads a `nestor sft` adapter instead);
+  the device; cuDNN attention off while acting (it rebuilds a graph for every decode step);
+  before it, a warm start: `--sft-steps` of behaviour cloning on the docs' worked job must cut
+  its loss by a quarter (`--warm-start DIR` loads a `nestor sft` adapter instead);
 - eval: the base model's greedy pre-score equals the CPU's within 0.02 (float32 both), and the
   post-score of the trained model is scored by the same scorer on the same device.
 - inner (benchmarks/gpu_check_inner.py): the worker sizes jobs by its GPU's memory and bf16,

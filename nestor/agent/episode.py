@@ -92,13 +92,16 @@ class EpisodeRecord:
 MAX_HARNESS_FAILURES = 2
 
 
+FAILED_SUBMIT = "validation failed"  # how the submit tool's answer to a failed job begins
+
+
 def format_report(report: Any, attempt: int, max_attempts: int, trained: bool = True) -> str:
     """The submit tool's answer: a verdict line, then one `ok|FAIL name: message` line per check."""
     checks = list(report.checks)
     failed = [c for c in checks if not c.ok]
     then = "the job was sent for training." if trained else "the job is final (not trained here)."
     head = (f"validation passed (attempt {attempt} of {max_attempts}); {then}" if report.passed else
-            f"validation failed (attempt {attempt} of {max_attempts}): {len(failed)} of "
+            f"{FAILED_SUBMIT} (attempt {attempt} of {max_attempts}): {len(failed)} of "
             f"{len(checks)} checks failed.")
     lines = [f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.message}" for c in checks]
     return "\n".join([head, *lines])

@@ -79,12 +79,11 @@ def read_demos(path: Path) -> list[Demo]:
             path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-FAILED_SUBMIT = "validation failed"  # how the submit tool's answer begins (agent/episode.py)
-
-
 def failed_attempt_turns(messages: list[Message]) -> set[int]:
     """Indices of the assistant turns of attempts whose submit failed validation: context for
     the repair that follows, but no target (cloning them would teach the mistake)."""
+    from nestor.agent.episode import FAILED_SUBMIT
+
     failed: set[int] = set()
     attempt: list[int] = []
     submits: dict[str, list[int]] = {}  # a submit call's id -> the turns of its attempt
