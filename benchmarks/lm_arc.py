@@ -8,9 +8,10 @@ Phases (configs/lm-arc.toml; every phase's files under --out):
    the demos, so the cloning can run on another machine (a GPU) and be copied back.
 2. per seed: `nestor train` (IS-GRPO) from that adapter for --rl-steps steps (OUT/rl-sN/).
 3. arms: untrained, warm-started, each seed's RL-trained policy (and with --composer the
-   composer itself, untrained) each run --eval-episodes episodes per training task and
-   --heldout-episodes per held-out task (OUT/eval-*/); jobs are trained on a local pool unless
-   --validate-only (then reward and quality are n/a).
+   composer itself, untrained; with --composer-checkpoint a trained one) each run
+   --eval-episodes episodes per training task and --heldout-episodes per held-out task
+   (OUT/eval-*/); jobs are trained on a local pool unless --validate-only (then reward and
+   quality are n/a).
 It prints per arm (per seed for RL) and pooled: first-try validation rate, validation rate,
 job quality and reward, with 95% intervals (Wilson for rates, normal for means); the RL reward's
 first third → last third per seed; what moved in the jobs (base-model share, config knobs
@@ -247,7 +248,8 @@ def figure(out: Path, arms: dict[str, dict], curves: dict[int, list[float]]) -> 
         b.plot(range(1, len(ys) + 1), ys, marker="o", label=f"seed {seed}")
     b.set_xlabel("RL step")
     b.set_ylabel("mean episode reward")
-    b.legend()
+    if curves:  # no RL run here: an empty panel, no legend
+        b.legend()
     fig.suptitle("SmolLM2-135M as the job writer: untrained, warm-started, RL-trained")
     fig.tight_layout()
     path = out / "lm_arc.png"
@@ -283,6 +285,9 @@ def main() -> None:
                     help="arms' jobs are validated, not trained (reward/quality n/a)")
     ap.add_argument("--composer", action="store_true", help="also measure the composer "
                     "(untrained, short form: the demos' writer) as an arm on the same episodes")
+    ap.add_argument("--composer-checkpoint", type=Path, help="also measure a trained composer "
+                    "(a run's checkpoints/<step>/policy, e.g. benchmarks/arc.py's) in the short "
+                    "form on the same episodes")
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["untrained", "warm", "warm-eval", "rl"],
                     help="leave out the untrained arm, the warm start (and all after it), the "
@@ -336,13 +341,22 @@ def main() -> None:
                 print(f"{name:>14} {split:>7}: {fmt(arms[name][split])}", flush=True)
 
         seed0 = args.seeds[0]
-        if args.composer:  # the demos' writer, on the same episodes: the row to compare with
+        if args.composer or args.composer_checkpoint:  # rows to compare with, same episodes
             from nestor.policy.composer import Composer, ComposerConfig
 
             ep = config.episode_config()
-            evaluate("composer", Composer(ComposerConfig(
-                job_form="short", base_models=ep.models, seed=seed0,
-                token_budget=ep.token_budget)), seed0)
+
+            def composer() -> Composer:
+                return Composer(ComposerConfig(job_form="short", base_models=ep.models,
+                                               seed=seed0, token_budget=ep.token_budget))
+
+            if args.composer:  # untrained: the demos' writer
+                evaluate("composer", composer(), seed0)
+            if args.composer_checkpoint:
+                trained = composer()
+                ckpt = args.composer_checkpoint
+                trained.load(ckpt / "policy" if (ckpt / "policy").exists() else ckpt)
+                evaluate("composer-trained", trained, seed0)
         if "untrained" not in args.skip:
             untrained = config.model_copy(deep=True)
             untrained.policy.adapter = None

@@ -59,9 +59,15 @@ class JobConfig(BaseModel):
         used = self.sampled_tokens()
         if used <= cap:
             return None
+        per_step = self.prompts_per_step * self.group_size * self.max_new_tokens
+        # The fix as a number to copy (a small LM repairs by copying, not by dividing).
+        fix = (f"max_steps = {cap // per_step} fits" if cap >= per_step else
+               f"even one step is over: prompts_per_step × group_size ≤ "
+               f"{cap // self.max_new_tokens} fits at this max_new_tokens")
         return (f"budget: max_steps × prompts_per_step × group_size × max_new_tokens = "
                 f"{self.max_steps}×{self.prompts_per_step}×{self.group_size}×{self.max_new_tokens} "
-                f"= {used:,} sampled tokens, over the cap of {cap:,}; lower one of them")
+                f"= {used:,} sampled tokens, over the cap of {cap:,}; lower one of them "
+                f"({fix})")
 
 
 class JobConfigError(ValueError):

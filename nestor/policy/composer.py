@@ -56,6 +56,7 @@ from nestor.policy.composer_decisions import (
     knob_value,
     last_plan,
     split_key,
+    written_files,
 )
 from nestor.policy.composer_short import rows_source
 from nestor.policy.credit import MarginalCredit
@@ -232,6 +233,11 @@ class Composer:
                 keys, ids, logps = keys + k2, ids + i2, logps + l2
                 choices.update(zip(missing, i2, strict=True))
         calls = self._write_calls(spec, choices, data_seed)
+        if plan is not None:  # a repair writes only what changed: demos of it teach fixing
+            written = written_files(obs.messages)
+            calls = [c for c in calls if c.name != "write_file"
+                     or written.get(c.arguments["path"]) != c.arguments["content"]]
+            calls = [ToolCall(c.name, c.arguments, f"c{i}") for i, c in enumerate(calls)]
         plan = {"choices": choices, "data_seed": data_seed,
                 "values": {k: self.decisions[k][i] for k, i in choices.items()}}
         return Turn(Message("assistant", PLAN + json.dumps(plan), calls),

@@ -115,6 +115,19 @@ def last_plan(messages: list[Message]) -> dict | None:
     return None
 
 
+def written_files(messages: list[Message]) -> dict[str, str]:
+    """path -> content of every write_file call the workspace accepted (the last one wins)."""
+    written: dict[str, str] = {}
+    calls: dict[str, dict] = {}
+    for msg in messages:
+        if msg.role == "assistant":  # call ids repeat across turns: a tool answers this turn's
+            calls = {c.id: c.arguments for c in msg.tool_calls if c.name == "write_file"}
+        elif msg.role == "tool" and msg.content.startswith("ok: wrote") and \
+                (args := calls.get(msg.tool_call_id or "")):
+            written[str(args.get("path"))] = str(args.get("content"))
+    return written
+
+
 def blame(messages: list[Message], decisions: dict[str, list[Any]]) -> list[str]:
     """Decisions to resample: those the failing checks of the last submit (and any failed
     writes since the plan) point at, in decision order. Unknown failures blame the data and

@@ -51,3 +51,28 @@ def test_demo_tasks_default_to_the_runs_and_all_means_every_training_task():
     reg = TaskRegistry()
     assert set(every) == {r.id for r in reg.training_tasks()} and {"add", "reverse"} <= set(every)
     assert not set(every) & {r.id for r in reg.heldout_tasks()}  # never the held-out family
+
+
+@pytest.mark.slow
+def test_a_trained_composer_is_an_arm_on_the_same_episodes(tmp_path, monkeypatch, capsys):
+    import json
+
+    import torch
+
+    from nestor.policy.composer import Composer, ComposerConfig
+
+    trained = Composer(ComposerConfig(base_models=["tiny-s", "tiny-m"]))
+    with torch.no_grad():  # a checkpoint that has learnt one thing: tiny-m, always
+        trained.shared["base_model"].copy_(torch.tensor([-30.0, 30.0]))
+    trained.save(tmp_path / "step-000001" / "policy")
+    monkeypatch.setattr("sys.argv", [
+        "lm_arc.py", "--out", str(tmp_path / "out"), "--seeds", "0",
+        "--composer-checkpoint", str(tmp_path / "step-000001"), "--eval-tasks", "add",
+        "--heldout-tasks", "dashes", "--eval-episodes", "2", "--heldout-episodes", "1",
+        "--validate-only", "--skip", "untrained", "warm", "rl"])
+    lm_arc.main()
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    arm = report["arms"]["composer-trained"]
+    assert (arm["train"]["n"], arm["heldout"]["n"]) == (2, 1)
+    assert arm["train"]["tiny_m_share"] == arm["heldout"]["tiny_m_share"] == 1.0
+    assert "composer" not in report["arms"]  # the untrained one only with --composer

@@ -389,3 +389,25 @@ def test_marginal_credit_counts_only_the_first_plan_not_the_retry():
     p = comp.probabilities("counting")["n_rows"]
     assert p["8"] < 0.2
     assert p["1024"] == pytest.approx(p["256"], abs=1e-6)
+
+
+def test_a_repair_rewrites_only_the_files_its_new_choices_change():
+    comp = Composer(ComposerConfig(seed=5, job_form="short"))
+    spec_obs = lambda *m: Observation([Message("system", "s"), *m], TOOL_SCHEMAS,  # noqa: E731
+                                      REG.get("add").spec(), seed=1)
+    first = comp.act(spec_obs())
+    writes = [c for c in first.message.tool_calls if c.name == "write_file"]
+    accepted = [Message("tool", f"ok: wrote 1 bytes to {c.arguments['path']}", tool_call_id=c.id)
+                for c in writes]
+    report = Message("tool", "validation failed (attempt 1 of 2)\nFAIL not_constant: every reply "
+                     "scores 0.0", tool_call_id="c9")
+    second = comp.act(spec_obs(first.message, *accepted, report))
+    assert comp_plan(second)["values"] != comp_plan(first)["values"]  # the rubric or extraction
+    calls = second.message.tool_calls
+    assert [c.name for c in calls] == ["write_file", "submit"]
+    assert calls[0].arguments["path"].endswith("__init__.py")  # config and pyproject not rewritten
+    assert [c.id for c in calls] == ["c0", "c1"]
+    # a write the workspace refused is written again, changed or not
+    refused = [Message("tool", "error: path escapes the job", tool_call_id=c.id) for c in writes]
+    again = comp.act(spec_obs(first.message, *refused, report))
+    assert len([c for c in again.message.tool_calls if c.name == "write_file"]) == len(writes)
