@@ -182,7 +182,9 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
                     lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha,
                     max_new_tokens=pc.max_new_tokens,
                     prompt_style=config.episode_config().prompt_style,
-                    checkpoint_every=max(1, args.sft_steps // 4))
+                    checkpoint_every=max(1, args.sft_steps // 4),
+                    precision=args.sft_precision,
+                    gradient_checkpointing=args.sft_checkpointing)
     if args.demos_only:  # the SFT runs elsewhere (a GPU): it resumes from DIR/demos.jsonl
         write_config(cfg, sft_dir)
         kept, n_read = gather_demos(cfg, sft_dir, episode=config.episode_config())
@@ -257,6 +259,20 @@ def figure(out: Path, arms: dict[str, dict], curves: dict[int, list[float]]) -> 
     return path
 
 
+def policy_file(path: Path) -> Path:
+    """A trained policy's file from a run directory, a checkpoint directory or the file."""
+    from nestor.outer.checkpoint import latest_checkpoint
+
+    if (path / "checkpoints").is_dir():
+        path = latest_checkpoint(path) or path
+    if (path / "policy").is_file():
+        path = path / "policy"
+    if not path.is_file():
+        raise SystemExit(f"--composer-checkpoint {path}: no policy there; give a run directory "
+                         "with checkpoints/latest, a checkpoint directory or its policy file")
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=CONFIG)
@@ -269,6 +285,10 @@ def main() -> None:
     ap.add_argument("--sft-batch", type=int, default=4)
     ap.add_argument("--sft-lr", type=float, default=2e-4)
     ap.add_argument("--sft-device", default="cpu", help="the warm start's torch device")
+    ap.add_argument("--sft-precision", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="the warm start's autocast (SFTConfig.precision)")
+    ap.add_argument("--sft-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                    help="gradient checkpointing in the warm start (off: faster, more memory)")
     ap.add_argument("--demo-tasks", nargs="*", default=None, help="tasks the composer's demos "
                     "are written for (default: the config's; `all`: every training task)")
     ap.add_argument("--demos-only", action="store_true", help="write the warm start's demos "
@@ -286,8 +306,9 @@ def main() -> None:
     ap.add_argument("--composer", action="store_true", help="also measure the composer "
                     "(untrained, short form: the demos' writer) as an arm on the same episodes")
     ap.add_argument("--composer-checkpoint", type=Path, help="also measure a trained composer "
-                    "(a run's checkpoints/<step>/policy, e.g. benchmarks/arc.py's) in the short "
-                    "form on the same episodes")
+                    "in the short form on the same episodes: a run directory (its latest "
+                    "checkpoint, e.g. benchmarks/arc.py's runs/arc/arc-s0), a checkpoint "
+                    "directory or a policy file")
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["untrained", "warm", "warm-eval", "rl"],
                     help="leave out the untrained arm, the warm start (and all after it), the "
@@ -354,8 +375,7 @@ def main() -> None:
                 evaluate("composer", composer(), seed0)
             if args.composer_checkpoint:
                 trained = composer()
-                ckpt = args.composer_checkpoint
-                trained.load(ckpt / "policy" if (ckpt / "policy").exists() else ckpt)
+                trained.load(policy_file(args.composer_checkpoint))
                 evaluate("composer-trained", trained, seed0)
         if "untrained" not in args.skip:
             untrained = config.model_copy(deep=True)

@@ -103,6 +103,20 @@ def _minimal_job() -> str:
     return text[start + 3:end if end > 0 else None].strip()
 
 
+def budget_rule(spec: TaskSpec, token_budget: int) -> str:
+    """The budget rule, worked for this task's reply cap at JobConfig's default batch: the
+    arithmetic a small model gets wrong when it copies another task's max_steps (measured: the
+    commonest failure of a warm-started SmolLM2 on tasks it never saw, docs/agents.md)."""
+    d = JobConfig.model_fields
+    prompts, group = d["prompts_per_step"].default, d["group_size"].default
+    per_step = prompts * group * spec.max_new_tokens
+    fit = (f"max_steps ≤ {token_budget // per_step}" if token_budget >= per_step else
+           "even one step is over: lower prompts_per_step or group_size")
+    return (f"Budget: max_steps × prompts_per_step × group_size × max_new_tokens ≤ "
+            f"{token_budget:,} sampled tokens. For this task's replies (max_new_tokens = "
+            f"{spec.max_new_tokens}) at {prompts} prompts × {group} completions a step: {fit}.")
+
+
 def compact_system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
                           max_attempts: int) -> str:
     """For small-context or small models (SmolLM2-135M: the full prompt is ~4,200 of its 8,192
@@ -119,8 +133,8 @@ once per file, then submit.
 
 # {_minimal_job()}
 
-Base models: {", ".join(f"`{m}`" for m in models)}. Budget: max_steps × prompts_per_step × \
-group_size × max_new_tokens ≤ {token_budget:,}. {max_attempts} submit attempts.
+Base models: {", ".join(f"`{m}`" for m in models)}. {budget_rule(spec, token_budget)} \
+{max_attempts} submit attempts.
 
 # The task
 
@@ -141,8 +155,8 @@ vf.Taskset whose load() makes the rows in the task's exact test format from a se
 and whose Task has @vf.reward methods returning floats in [0, 1]); rows may instead come from \
 data/train.jsonl ({{"prompt", "answer"}} rows). A failed submit's report names what to fix.
 
-Base models: {", ".join(f"`{m}`" for m in models)}. Budget: max_steps × prompts_per_step × \
-group_size × max_new_tokens ≤ {token_budget:,}. {max_attempts} submit attempts.
+Base models: {", ".join(f"`{m}`" for m in models)}. {budget_rule(spec, token_budget)} \
+{max_attempts} submit attempts.
 
 # The task
 
@@ -178,8 +192,7 @@ def system_prompt(spec: TaskSpec, *, models: list[str], token_budget: int,
 
 {config_surface()}
 
-Budget: max_steps × prompts_per_step × group_size × max_new_tokens must stay at or under \
-{token_budget:,} sampled tokens. You have {max_attempts} submit attempts; after a failed \
+{budget_rule(spec, token_budget)} You have {max_attempts} submit attempts; after a failed \
 one, fix what the report names and submit again.
 
 # The task

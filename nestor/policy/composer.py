@@ -53,6 +53,7 @@ from nestor.policy.composer_decisions import (
     PLAN,
     WRITER_SLIPS,
     blame,
+    copied_fixes,
     knob_value,
     last_plan,
     split_key,
@@ -90,6 +91,10 @@ class ComposerConfig(BaseModel):
         "advantages (nestor/policy/credit.py), SGD at credit_lr; episode: every action gets the "
         "episode's advantage, the IS-GRPO loss with Adam at lr.")
     credit_lr: float = Field(5.0, gt=0, le=1000, description="marginal: SGD rate on the logits.")
+    repair: Literal["resample", "read_report"] = Field(
+        "resample", description="resample: a retry resamples the decisions the failing checks "
+        "point at; read_report: a budget refusal's `max_steps = K fits` is copied into the "
+        "config, the batch kept (the repair a demonstration for nestor sft should show).")
     job_form: Literal["long", "short"] = Field(
         "long", description="long: the rows in data/train.jsonl; short: load() draws them in "
         "code (composer_short.py) — a job an LM can type, for demonstrations (nestor sft). "
@@ -209,17 +214,20 @@ class Composer:
         if plan is None:  # first turn: every decision (knobs only when tuning), and a data seed
             names = [d for d in self.decisions if d not in CONFIG_KNOBS]
             keys, ids, logps = self._sample(names, spec.family, gen)
-            choices = dict(zip(names, ids, strict=True))
+            choices, fixed = dict(zip(names, ids, strict=True)), {}
             with self._lock:
                 data_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         else:
             choices = dict(plan["choices"])
-            blamed = blame(obs.messages, self.decisions)
+            copied = copied_fixes(obs.messages) if self.config.repair == "read_report" else {}
+            fixed = {**plan.get("fixed", {}), **copied}
+            blamed = blame(obs.messages, self.decisions,
+                           skip=frozenset({"budget"} if copied else ()))
             if choices.get("config_mode", 0) == 0 and any(b in CONFIG_KNOBS for b in blamed):
                 # knobs of a kept scaffold config cannot change: the decision to keep it can
                 blamed = [b for b in blamed if b not in CONFIG_KNOBS]
                 blamed = [d for d in self.decisions if d in {*blamed, "config_mode"}]
-            if not blamed:  # nothing to fix (e.g. the last submit never ran): submit again
+            if not blamed and not copied:  # nothing to fix (the last submit never ran)
                 return Turn(Message("assistant", PLAN + json.dumps(plan),
                                     [ToolCall("submit", {}, "c0")]))
             keys, ids, logps = self._sample(blamed, spec.family, gen,
@@ -232,23 +240,29 @@ class Composer:
                 k2, i2, l2 = self._sample(missing, spec.family, gen, self._model_of(choices))
                 keys, ids, logps = keys + k2, ids + i2, logps + l2
                 choices.update(zip(missing, i2, strict=True))
-        calls = self._write_calls(spec, choices, data_seed)
+        calls = self._write_calls(spec, choices, data_seed, fixed)
         if plan is not None:  # a repair writes only what changed: demos of it teach fixing
             written = written_files(obs.messages)
             calls = [c for c in calls if c.name != "write_file"
                      or written.get(c.arguments["path"]) != c.arguments["content"]]
             calls = [ToolCall(c.name, c.arguments, f"c{i}") for i, c in enumerate(calls)]
         plan = {"choices": choices, "data_seed": data_seed,
-                "values": {k: self.decisions[k][i] for k, i in choices.items()}}
+                "values": {k: self.decisions[k][i] for k, i in choices.items()},
+                **({"fixed": fixed} if fixed else {})}
         return Turn(Message("assistant", PLAN + json.dumps(plan), calls),
                     action_ids=ids, sample_logprobs=logps, action_keys=keys)
 
     def _model_of(self, choices: dict[str, int]) -> str:
         return str(self.decisions["base_model"][choices["base_model"]])
 
-    def job_config(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> JobConfig:
+    def job_config(self, spec: TaskSpec, choices: dict[str, int], seed: int,
+                   fixed: dict[str, Any] | None = None) -> JobConfig:
         """The JobConfig of a plan: the scaffold's config, or (`config_mode` tune) each knob's
-        choice resolved against it."""
+        choice resolved against it; `fixed` values (copied from a report) override both."""
+        cfg = self._chosen_config(spec, choices, seed)
+        return JobConfig(**{**cfg.model_dump(), **fixed}) if fixed else cfg
+
+    def _chosen_config(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> JobConfig:
         base_model = self.decisions["base_model"][choices["base_model"]]
         scaffold = scaffold_config(base_model, spec.max_new_tokens, self.config.token_budget)
         mode = self.decisions["config_mode"][choices.get("config_mode", 0)]
@@ -264,9 +278,10 @@ class Composer:
             cfg[key] = knob_value(key, value, cfg, scaffold, spec, self.config.token_budget)
         return JobConfig(**cfg, seed=seed)
 
-    def _write_calls(self, spec: TaskSpec, choices: dict[str, int], seed: int) -> list[ToolCall]:
+    def _write_calls(self, spec: TaskSpec, choices: dict[str, int], seed: int,
+                     fixed: dict[str, Any] | None = None) -> list[ToolCall]:
         value = {k: self.decisions[k][i] for k, i in choices.items()}
-        cfg = self.job_config(spec, choices, seed)
+        cfg = self.job_config(spec, choices, seed, fixed)
         rows, info = build_rows(spec.examples, title=spec.title, source=value["data_source"],
                                 n_rows=value["n_rows"], widen=value["input_range"] == "widened",
                                 framing=value["framing"], seed=seed)

@@ -74,6 +74,7 @@ PLAN = "plan: "
 _FAIL = re.compile(r"^FAIL\s+(?P<name>[^:]+):(?P<msg>.*)$", re.M)
 # Failures the job did not cause (a sandbox that could not start in time on a loaded machine,
 # a crash of the probe itself): nothing to resample, the retry resubmits the same job.
+_BUDGET_FIX = re.compile(r"max_steps = (\d+) fits")  # nestor.job.config's budget refusal
 _NOT_THE_JOB = re.compile(r"the sandbox did not start|this is not your job's fault")
 MAX_STEPS_LIMIT = next(m.le for m in JobConfig.model_fields["max_steps"].metadata
                        if getattr(m, "le", None) is not None)
@@ -128,18 +129,35 @@ def written_files(messages: list[Message]) -> dict[str, str]:
     return written
 
 
-def blame(messages: list[Message], decisions: dict[str, list[Any]]) -> list[str]:
-    """Decisions to resample: those the failing checks of the last submit (and any failed
-    writes since the plan) point at, in decision order. Unknown failures blame the data and
-    rubric decisions, the composer's most likely culprits."""
+def _since_plan(messages: list[Message]) -> list[str]:
+    """The tool answers since the last plan: its writes' results and its submit's report."""
     tail: list[Message] = []
     for msg in reversed(messages):
         if msg.role == "assistant" and msg.content.startswith(PLAN):
             break
         tail.append(msg)
-    texts = [m.content for m in tail if m.role == "tool"]
+    return [m.content for m in tail if m.role == "tool"]
+
+
+def copied_fixes(messages: list[Message]) -> dict[str, int]:
+    """Knob values the last submit's report names as fitting (a budget refusal's
+    `max_steps = K fits`): a repair that reads the report copies them."""
+    for text in _since_plan(messages):
+        for fail in _FAIL.finditer(text):
+            if fail["name"].strip() == "budget" and (m := _BUDGET_FIX.search(fail["msg"])):
+                return {"max_steps": int(m[1])}
+    return {}
+
+
+def blame(messages: list[Message], decisions: dict[str, list[Any]],
+          skip: frozenset[str] = frozenset()) -> list[str]:
+    """Decisions to resample: those the failing checks of the last submit (and any failed
+    writes since the plan) point at, in decision order; checks in `skip` are fixed otherwise.
+    Unknown failures blame the data and rubric decisions, the composer's most likely
+    culprits."""
+    texts = _since_plan(messages)
     failing = [m["name"].strip() for t in texts for m in _FAIL.finditer(t)
-               if not _NOT_THE_JOB.search(m["msg"])]
+               if not _NOT_THE_JOB.search(m["msg"]) and m["name"].strip() not in skip]
     if any(t.startswith("error:") for t in texts):
         failing.append("write")  # a file tool refused a write: the data is the usual suspect
     blamed: set[str] = set()

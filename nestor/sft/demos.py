@@ -233,8 +233,9 @@ def from_composer(n: int, tasks: list[str], run_dir: Path, *, episode: Any = Non
     from nestor.tasks import TaskRegistry
 
     cfg = episode or EpisodeConfig(prompt_style="compact")
-    composer = Composer(ComposerConfig(job_form="short", base_models=cfg.models, seed=seed,
-                                       token_budget=cfg.token_budget))
+    # read_report: its budget repairs copy the refusal's max_steps, a fix a clone can learn
+    composer = Composer(ComposerConfig(job_form="short", repair="read_report", seed=seed,
+                                       base_models=cfg.models, token_budget=cfg.token_budget))
     registry = TaskRegistry()
     ledger = Ledger(Path(run_dir))
     demos = []

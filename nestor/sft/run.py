@@ -75,6 +75,7 @@ def run_sft(cfg: SFTConfig, out: Path, *, resume: bool = False, pool: Any = None
         "turns_context_only": stats.context_only, "sequences": stats.sequences,
         "target_tokens": stats.target_tokens, "tokens": stats.tokens,
         "steps": trainer.step, "resumed_from_step": resumed_from,
+        "autocast": "bfloat16" if trainer.autocast is not None else "float32",
         "loss_first": sum(h["loss"] for h in history[:third]) / len(history[:third]),
         "loss_last": sum(h["loss"] for h in history[-third:]) / len(history[-third:]),
         "seconds": round(sum(h["seconds"] for h in history[resumed_from:]), 1),

@@ -11,7 +11,8 @@ any gradient through them is made. Log-probabilities are at temperature 1: the w
 the distribution the policy then samples from at its own temperature.
 
 Each sequence is its own forward pass (batch 1, no padding); gradients accumulate over the
-batch, gradient checkpointing trades compute for memory. The model is the LMPolicy's own, with
+batch, gradient checkpointing trades compute for memory, and the forward runs under bfloat16
+autocast where the device has it natively (`precision`; the LoRA and Adam stay float32). The model is the LMPolicy's own, with
 its own LoRA, so the adapter saved here is what `LMPolicy.load_adapter` loads (`nestor train`:
 `[policy] adapter = DIR`; `nestor bench agents`: `lm:MODEL --adapter DIR`).
 
@@ -28,6 +29,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +66,13 @@ class SFTConfig(BaseModel):
     response_prefix: str = Field("", max_length=200, description="The policy's response prefix "
                                  "(in the context, never trained).")
     prompt_style: str = Field("compact", description="composer:N: the system prompt's style.")
-    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward.")
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward "
+                                         "(measured on a 2-core CPU: ~1.4× the step time).")
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="The forward pass's autocast: auto = bfloat16 where the device "
+        "computes it natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX: measured 2.1× "
+        "faster on this laptop's), else float32. The LoRA weights, gradients and optimizer "
+        "stay float32.")
     checkpoint_every: int = Field(20, ge=1, description="Steps between resumable checkpoints.")
     device: str = Field("cpu", description="Torch device.")
     seed: int = Field(0, ge=0, description="Seed of data order and demos.")
@@ -81,6 +89,16 @@ def bc_loss(model, seq: SFTSequence) -> tuple[torch.Tensor, int]:
     logp = F.log_softmax(logits.float(), dim=-1)  # [T, V]
     target_logp = logp.gather(1, ids[0, targets][:, None])[:, 0]  # [T]
     return -target_logp.sum(), int(targets.numel())
+
+
+def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
+    """The forward pass's autocast dtype (None: float32, no autocast)."""
+    if precision == "auto":
+        kind = torch.device(device).type
+        native = (torch.cuda.is_available() and torch.cuda.is_bf16_supported() if kind == "cuda"
+                  else kind == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        precision = "bfloat16" if native else "float32"
+    return torch.bfloat16 if precision == "bfloat16" else None
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -110,6 +128,7 @@ class Trainer:
                                            weight_decay=cfg.weight_decay)
         self.step = 0
         self.history: list[dict] = []
+        self.autocast = autocast_dtype(cfg.precision, cfg.device)
 
     @property
     def model(self):
@@ -148,13 +167,19 @@ class Trainer:
         if not sequences:
             raise ValueError("no training sequences: every demo was filtered out or dropped")
         cfg = self.cfg
-        if cfg.gradient_checkpointing:
+        # the policy may have checkpointing on already (LMPolicy's default, for RL): switch it on
+        # only when it is not, and back off after
+        toggle = cfg.gradient_checkpointing and not getattr(self.policy, "gradient_checkpointing",
+                                                            False)
+        if toggle:
             kwargs = {"use_reentrant": False}  # no need for inputs that require grad
             if hasattr(self.model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        self.model.train()  # HF checkpoints only in train mode; the policy has no dropout
+        # HF checkpoints only in train mode, so eval mode is how it is off (the policy has no
+        # dropout: the two modes compute the same function)
+        self.model.train(cfg.gradient_checkpointing)
         try:
             while self.step < cfg.steps:
                 self.history.append(self._one_step(batches(sequences, cfg, self.step)))
@@ -165,7 +190,7 @@ class Trainer:
                     self.save()
         finally:
             self.model.eval()
-            if cfg.gradient_checkpointing:
+            if toggle:
                 disable = getattr(self.model, "activation_checkpointing_disable", None) or \
                     self.model.gradient_checkpointing_disable
                 disable()
@@ -180,8 +205,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         n_targets = sum(s.n_targets for s in batch)
         total = 0.0
+        device = torch.device(self.cfg.device).type
         for seq in batch:
-            loss_sum, _ = bc_loss(self.model, seq)
+            with torch.autocast(device, dtype=self.autocast or torch.float32,
+                                enabled=self.autocast is not None):
+                loss_sum, _ = bc_loss(self.model, seq)
             (loss_sum / n_targets).backward()
             total += float(loss_sum.detach())
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf

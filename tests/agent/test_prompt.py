@@ -79,3 +79,25 @@ def test_short_prompt_keeps_the_task_and_rules_but_no_worked_job():
     assert "load() makes the rows" in short  # the short form first, as the warm start wrote it
     with pytest.raises(ValueError, match="choose full, compact, short"):
         system_prompt(spec, style="tiny", **kwargs)
+
+
+def test_every_prompt_works_the_budget_for_its_tasks_reply_cap():
+    import re
+
+    for ref in TaskRegistry().tasks(include_heldout=True):
+        spec = ref.spec()
+        for style in ("full", "compact", "short"):
+            text = system_prompt(spec, models=["tiny-m"], token_budget=20_000, max_attempts=2,
+                                 style=style)
+            m = re.search(r"max_new_tokens = (\d+)\) at (\d+) prompts × (\d+) completions a "
+                          r"step: max_steps ≤ (\d+)\.", text)
+            assert m, (ref.id, style)
+            new, prompts, group, steps = map(int, m.groups())
+            assert new == spec.max_new_tokens
+            config = JobConfig(max_new_tokens=new, prompts_per_step=prompts, group_size=group,
+                               max_steps=steps)
+            assert config.budget_error(20_000) is None  # the number fits ...
+            over = config.model_copy(update={"max_steps": steps + 1})
+            assert over.budget_error(20_000) is not None  # ... and is the largest that does
+    tiny = system_prompt(spec, models=["tiny-m"], token_budget=100, max_attempts=2)
+    assert "even one step is over" in tiny

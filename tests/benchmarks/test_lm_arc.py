@@ -64,12 +64,18 @@ def test_a_trained_composer_is_an_arm_on_the_same_episodes(tmp_path, monkeypatch
     trained = Composer(ComposerConfig(base_models=["tiny-s", "tiny-m"]))
     with torch.no_grad():  # a checkpoint that has learnt one thing: tiny-m, always
         trained.shared["base_model"].copy_(torch.tensor([-30.0, 30.0]))
-    trained.save(tmp_path / "step-000001" / "policy")
+    step = tmp_path / "run" / "checkpoints" / "step-000001"
+    trained.save(step / "policy")
+    (step / "state.json").write_text("{}")
+    (step.parent / "latest").write_text(step.name)
+    assert lm_arc.policy_file(tmp_path / "run") == lm_arc.policy_file(step) == step / "policy"
+    with pytest.raises(SystemExit, match="no policy there"):
+        lm_arc.policy_file(tmp_path)
     monkeypatch.setattr("sys.argv", [
         "lm_arc.py", "--out", str(tmp_path / "out"), "--seeds", "0",
-        "--composer-checkpoint", str(tmp_path / "step-000001"), "--eval-tasks", "add",
+        "--composer-checkpoint", str(tmp_path / "run"), "--eval-tasks", "add",
         "--heldout-tasks", "dashes", "--eval-episodes", "2", "--heldout-episodes", "1",
-        "--validate-only", "--skip", "untrained", "warm", "rl"])
+        "--validate-only", "--skip", "untrained", "warm"])
     lm_arc.main()
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     arm = report["arms"]["composer-trained"]

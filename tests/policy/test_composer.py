@@ -411,3 +411,38 @@ def test_a_repair_rewrites_only_the_files_its_new_choices_change():
     refused = [Message("tool", "error: path escapes the job", tool_call_id=c.id) for c in writes]
     again = comp.act(spec_obs(first.message, *refused, report))
     assert len([c for c in again.message.tool_calls if c.name == "write_file"]) == len(writes)
+
+
+@pytest.mark.parametrize("repair", ["resample", "read_report"])
+def test_a_budget_repair_that_reads_the_report_copies_the_max_steps_it_names(repair):
+    import tomllib
+
+    from nestor.agent.episode import format_report
+    from nestor.job.validate import Check, ValidationReport
+
+    comp = Composer(ComposerConfig(seed=2, job_form="short", repair=repair))
+    spec_obs = lambda *m: Observation([Message("system", "s"), *m], TOOL_SCHEMAS,  # noqa: E731
+                                      REG.get("add").spec(), seed=1)
+    first = comp.act(spec_obs())
+    config_call = next(c for c in first.message.tool_calls
+                       if c.arguments.get("path") == "config.toml")
+    cfg = JobConfig(**tomllib.loads(config_call.arguments["content"]))
+    cap = cfg.sampled_tokens() // 3  # a cap the written config is over
+    accepted = [Message("tool", "ok: wrote 1 bytes", tool_call_id=c.id)
+                for c in first.message.tool_calls if c.name == "write_file"]
+    checks = [Check(name="config", ok=True, message="ok"),
+              Check(name="budget", ok=False, message=cfg.budget_error(cap))]
+    report = Message("tool", format_report(ValidationReport(passed=False, checks=checks,
+                                                            elapsed_s=1.0), 1, 2),
+                     tool_call_id="c9")
+    second = comp.act(spec_obs(first.message, *accepted, report))
+    rewritten = [c for c in second.message.tool_calls if c.name == "write_file"]
+    if repair == "resample":  # the four budget knobs drawn again, nothing copied
+        assert "fixed" not in comp_plan(second)
+        return
+    per_step = cfg.prompts_per_step * cfg.group_size * cfg.max_new_tokens
+    assert comp_plan(second)["fixed"] == {"max_steps": cap // per_step}
+    assert [c.arguments["path"] for c in rewritten] == ["config.toml"]  # only the config
+    fixed = JobConfig(**tomllib.loads(rewritten[0].arguments["content"]))
+    assert fixed.budget_error(cap) is None
+    assert fixed.model_dump() == {**cfg.model_dump(), "max_steps": cap // per_step}

@@ -129,6 +129,53 @@ def test_masked_tokens_carry_no_gradient(agent):
     assert float(loss.detach()) == pytest.approx(want, rel=1e-4)
 
 
+def test_bfloat16_autocast_steps_as_float32_does_and_keeps_the_adapter_float32(tmp_path):
+    from nestor.sft.trainer import autocast_dtype
+
+    assert autocast_dtype("float32", "cpu") is None
+    assert autocast_dtype("bfloat16", "cpu") is torch.bfloat16
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert autocast_dtype("auto", "cpu") is (torch.bfloat16 if native else None)
+    steps = {}
+    for precision in ("float32", "bfloat16"):
+        agent = policy()
+        render, encode_action = policy_encoders(agent)
+        seqs = encode_demo(Demo(conversation(), TOOLS, id="d"), render, encode_action)
+        trainer = Trainer(agent, SFTConfig(model="tiny-m", steps=1, batch_sequences=1,
+                                           precision=precision, gradient_checkpointing=False),
+                          tmp_path / precision)
+        (step,) = trainer.train(seqs)
+        grads = torch.cat([p.grad.flatten() for p in trainer.params])
+        assert {p.dtype for p in trainer.params} == {torch.float32}
+        steps[precision] = (step, grads)
+    (f32, g32), (b16, g16) = steps["float32"], steps["bfloat16"]
+    assert b16["loss"] == pytest.approx(f32["loss"], rel=0.02)
+    assert float(torch.nn.functional.cosine_similarity(g32, g16, dim=0)) > 0.98
+
+
+def test_gradient_checkpointing_is_what_the_config_says_whatever_the_policy_had(tmp_path):
+    """Checkpointing keeps only each layer's input for backward: count what the step saves."""
+    saved: dict[tuple[bool, bool], int] = {}
+    for policy_on in (True, False):
+        for sft_on in (True, False):
+            agent = policy(gradient_checkpointing=policy_on)
+            render, encode_action = policy_encoders(agent)
+            seqs = encode_demo(Demo(conversation(), TOOLS, id="d"), render, encode_action)
+            tensors: list = []
+
+            def pack(t, kept=tensors):
+                kept.append(t)
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                Trainer(agent, SFTConfig(model="tiny-m", steps=1, batch_sequences=1,
+                                         gradient_checkpointing=sft_on), tmp_path).train(seqs)
+            saved[policy_on, sft_on] = len(tensors)
+            assert agent.gradient_checkpointing == policy_on  # the policy's own, as it was
+    for policy_on in (True, False):
+        assert saved[policy_on, True] * 5 < saved[policy_on, False], saved
+
+
 @pytest.mark.slow
 def test_behaviour_cloning_lowers_the_loss_resumes_and_the_adapter_acts(tmp_path):
     agent = policy()
