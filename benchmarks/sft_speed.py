@@ -24,7 +24,7 @@ import torch
 from nestor.sft.data import EncodeStats, encode_demo, policy_encoders
 from nestor.sft.demos import from_composer, read_demos
 from nestor.sft.run import make_policy
-from nestor.sft.trainer import SFTConfig, autocast_dtype, bc_loss
+from nestor.sft.trainer import SFTConfig, autocast, autocast_dtype, bc_loss
 
 MODES = [("float32", True), ("float32", False), ("bfloat16", True), ("bfloat16", False)]
 
@@ -33,9 +33,8 @@ def one_pass(model, seq, precision: str, checkpointing: bool) -> tuple[float, fl
     """(seconds, mean target loss, flat LoRA gradient) of one forward + backward."""
     model.train(checkpointing)  # HF checkpoints in train mode only (the policy has no dropout)
     model.zero_grad(set_to_none=True)
-    dtype = autocast_dtype(precision, "cpu")
     t0 = time.perf_counter()
-    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+    with autocast(autocast_dtype(precision, "cpu"), "cpu"):
         loss, n = bc_loss(model, seq)
     (loss / n).backward()
     seconds = time.perf_counter() - t0

@@ -72,9 +72,9 @@ _BLAME: dict[str, tuple[str, ...]] = {
 _UNKNOWN = ("data_source", "n_rows", "framing", "rubric", "extract")  # files, imports, probe, ...
 PLAN = "plan: "
 _FAIL = re.compile(r"^FAIL\s+(?P<name>[^:]+):(?P<msg>.*)$", re.M)
+_BUDGET_FIX = re.compile(r"max_steps = (\d+) fits")  # nestor.job.config's budget refusal
 # Failures the job did not cause (a sandbox that could not start in time on a loaded machine,
 # a crash of the probe itself): nothing to resample, the retry resubmits the same job.
-_BUDGET_FIX = re.compile(r"max_steps = (\d+) fits")  # nestor.job.config's budget refusal
 _NOT_THE_JOB = re.compile(r"the sandbox did not start|this is not your job's fault")
 MAX_STEPS_LIMIT = next(m.le for m in JobConfig.model_fields["max_steps"].metadata
                        if getattr(m, "le", None) is not None)

@@ -12,9 +12,10 @@ the distribution the policy then samples from at its own temperature.
 
 Each sequence is its own forward pass (batch 1, no padding); gradients accumulate over the
 batch, gradient checkpointing trades compute for memory, and the forward runs under bfloat16
-autocast where the device has it natively (`precision`; the LoRA and Adam stay float32). The model is the LMPolicy's own, with
-its own LoRA, so the adapter saved here is what `LMPolicy.load_adapter` loads (`nestor train`:
-`[policy] adapter = DIR`; `nestor bench agents`: `lm:MODEL --adapter DIR`).
+autocast where the device has it natively (`precision`; the LoRA and Adam stay float32). The
+model is the LMPolicy's own, with its own LoRA, so the adapter saved here is what
+`LMPolicy.load_adapter` loads (`nestor train`: `[policy] adapter = DIR`; `nestor bench
+agents`: `lm:MODEL --adapter DIR`).
 
 Resumable: every `checkpoint_every` steps DIR/checkpoint/ holds the adapter, the optimizer and
 the step; the order of sequences is a function of (seed, epoch), so a resumed run sees the
@@ -99,6 +100,12 @@ def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
                   else kind == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
         precision = "bfloat16" if native else "float32"
     return torch.bfloat16 if precision == "bfloat16" else None
+
+
+def autocast(dtype: torch.dtype | None, device: str):
+    """The forward's context: autocast to `dtype`, or nothing for None (float32)."""
+    return torch.autocast(torch.device(device).type, dtype=dtype or torch.float32,
+                          enabled=dtype is not None)
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -205,10 +212,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         n_targets = sum(s.n_targets for s in batch)
         total = 0.0
-        device = torch.device(self.cfg.device).type
         for seq in batch:
-            with torch.autocast(device, dtype=self.autocast or torch.float32,
-                                enabled=self.autocast is not None):
+            with autocast(self.autocast, self.cfg.device):
                 loss_sum, _ = bc_loss(self.model, seq)
             (loss_sum / n_targets).backward()
             total += float(loss_sum.detach())
