@@ -184,7 +184,8 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
                     prompt_style=config.episode_config().prompt_style,
                     checkpoint_every=max(1, args.sft_steps // 4),
                     precision=args.sft_precision,
-                    gradient_checkpointing=args.sft_checkpointing)
+                    gradient_checkpointing=args.sft_checkpointing,
+                    val_fraction=args.sft_val_fraction, eval_every=max(1, args.sft_steps // 6))
     if args.demos_only:  # the SFT runs elsewhere (a GPU): it resumes from DIR/demos.jsonl
         write_config(cfg, sft_dir)
         kept, n_read = gather_demos(cfg, sft_dir, episode=config.episode_config())
@@ -192,8 +193,10 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
     t0 = time.time()
     summary = run_sft(cfg, sft_dir, resume=(sft_dir / "sft.json").is_file(),
                       episode=config.episode_config(),
-                      on_step=lambda h: print(f"  sft step {h['step']}: loss {h['loss']:.3f}",
-                                              file=sys.stderr, flush=True))
+                      on_step=lambda h: print(f"  sft step {h['step']}: " + ", ".join(
+                          f"{k} {h[k]:.3f}" for k in ("loss", "token_accuracy", "val_loss",
+                                                      "val_token_accuracy") if k in h),
+                          file=sys.stderr, flush=True))
     return {**summary, "wall_s": round(time.time() - t0, 1), "cached": False}
 
 
@@ -289,6 +292,8 @@ def main() -> None:
                     help="the warm start's autocast (SFTConfig.precision)")
     ap.add_argument("--sft-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                     help="gradient checkpointing in the warm start (off: faster, more memory)")
+    ap.add_argument("--sft-val-fraction", type=float, default=0.0, help="demos held out of "
+                    "the warm start and scored (loss, token accuracy) six times over it")
     ap.add_argument("--demo-tasks", nargs="*", default=None, help="tasks the composer's demos "
                     "are written for (default: the config's; `all`: every training task)")
     ap.add_argument("--demos-only", action="store_true", help="write the warm start's demos "

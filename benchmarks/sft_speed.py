@@ -35,7 +35,7 @@ def one_pass(model, seq, precision: str, checkpointing: bool) -> tuple[float, fl
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     with autocast(autocast_dtype(precision, "cpu"), "cpu"):
-        loss, n = bc_loss(model, seq)
+        loss, n, _ = bc_loss(model, seq)
     (loss / n).backward()
     seconds = time.perf_counter() - t0
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])

@@ -28,6 +28,9 @@ def sft(
                                 "(nestor/sft/trainer.py); flags override it."),
     steps: int = typer.Option(None, "--steps", help="Optimizer steps."),
     lr: float = typer.Option(None, "--lr", help="Learning rate."),
+    val_fraction: float = typer.Option(None, "--val-fraction", help="Share of demos held out "
+                                       "and scored every eval_every steps (loss, token "
+                                       "accuracy)."),
     tasks: str = typer.Option(None, "--tasks", help="composer:N: comma-separated task ids."),
     min_reward: float = typer.Option(None, "--min-reward", help="Keep demos with reward ≥ x."),
     best_of_group: bool = typer.Option(None, "--best-of-group/--all-of-group",
@@ -53,8 +56,8 @@ def sft(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             fail(f"{config}: {exc}")
     raw.update({"demos": demos, "model": model})
-    for key, value in (("steps", steps), ("learning_rate", lr), ("min_reward", min_reward),
-                       ("best_of_group", best_of_group)):
+    for key, value in (("steps", steps), ("learning_rate", lr), ("val_fraction", val_fraction),
+                       ("min_reward", min_reward), ("best_of_group", best_of_group)):
         if value is not None:
             raw[key] = value
     if tasks:
@@ -80,8 +83,11 @@ def sft(
             progress.update(demo_bar, advance=1, info=f"{d.task}: passed={d.passed}")
 
         def on_step(h: dict) -> None:
+            val = (f", held out {h['val_loss']:.3f} / {h['val_token_accuracy']:.1%}"
+                   if "val_loss" in h else "")
             progress.update(bar, completed=h["step"], visible=True,
-                            info=f"loss {h['loss']:.3f} ({h['target_tokens']} tokens)")
+                            info=f"loss {h['loss']:.3f}, token accuracy "
+                                 f"{h['token_accuracy']:.1%}{val}")
 
         try:
             summary = run_sft(cfg, out, resume=resume, pool=pool, on_demo=on_demo,
@@ -98,5 +104,12 @@ def sft(
                   f"{summary['sequences']} sequences, {summary['target_tokens']:,} target tokens; "
                   f"loss {summary['loss_first']:.3f} → {summary['loss_last']:.3f} over "
                   f"{summary['steps']} steps")
+    if summary["token_accuracy_last"] is not None:
+        console.print(f"token accuracy (last third of steps): "
+                      f"{summary['token_accuracy_last']:.1%}")
+    if summary["val_loss"] is not None:
+        console.print(f"held out ({summary['demos_held_out']} demos): loss "
+                      f"{summary['val_loss']:.3f}, token accuracy "
+                      f"{summary['val_token_accuracy']:.1%}")
     typer.echo(f"adapter: {summary['adapter']}  (use: [policy] adapter = \"{out}\", or "
                f"nestor bench agents lm:{cfg.model} --adapter {out})")

@@ -7,6 +7,7 @@ checkpoint/ (resumable), adapter/ (the result) and summary.json.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,17 @@ def gather_demos(cfg: SFTConfig, out: Path, *, pool: Any = None, resume: bool = 
     return kept, len(demos)
 
 
+def split_demos(demos: list[Demo], fraction: float, seed: int) -> tuple[list[Demo], list[Demo]]:
+    """(train, held out): round(fraction × n) whole demos, at least one when fraction > 0 and
+    at most n - 1, drawn by `seed` — the same split on a resume."""
+    n_val = min(len(demos) - 1, max(1, round(fraction * len(demos)))) if fraction > 0 else 0
+    order = list(range(len(demos)))
+    random.Random(f"val:{seed}").shuffle(order)
+    held = set(order[:n_val])
+    return ([d for i, d in enumerate(demos) if i not in held],
+            [d for i, d in enumerate(demos) if i in held])
+
+
 def run_sft(cfg: SFTConfig, out: Path, *, resume: bool = False, pool: Any = None,
             policy: Any = None, on_demo: Callable[[Demo], None] | None = None,
             on_step: Callable[[dict], None] | None = None,
@@ -61,23 +73,35 @@ def run_sft(cfg: SFTConfig, out: Path, *, resume: bool = False, pool: Any = None
                          "loosen them or bring more demos")
     policy = policy or make_policy(cfg)
     render, encode_action = policy_encoders(policy)
+    train_demos, val_demos = split_demos(demos, cfg.val_fraction, cfg.seed)
     stats = EncodeStats()
-    sequences = [s for d in demos for s in encode_demo(
+    sequences = [s for d in train_demos for s in encode_demo(
         d, render, encode_action, stats, train_failed=cfg.train_failed_attempts)]
+    val = [s for d in val_demos for s in encode_demo(
+        d, render, encode_action, train_failed=cfg.train_failed_attempts)]
     trainer = Trainer(policy, cfg, out)
     resumed_from = trainer.step if resume and trainer.resume() else 0
-    history = trainer.train(sequences, on_step=on_step)
+    history = trainer.train(sequences, on_step=on_step, val=val)
     third = max(1, len(history) // 3)
+
+    def mean_of(key: str, rows: list[dict]) -> float | None:
+        values = [h[key] for h in rows if key in h]  # a resumed older run's steps may lack one
+        return sum(values) / len(values) if values else None
+
+    scored = [h for h in history if "val_loss" in h]
     summary = {
         "out": str(out), "adapter": str(out / "adapter"), "model": cfg.model,
-        "demos_read": n_read, "demos_kept": len(demos), "turns": stats.turns,
-        "turns_dropped_too_long": stats.dropped_long,
+        "demos_read": n_read, "demos_kept": len(demos), "demos_held_out": len(val_demos),
+        "turns": stats.turns, "turns_dropped_too_long": stats.dropped_long,
         "turns_context_only": stats.context_only, "sequences": stats.sequences,
         "target_tokens": stats.target_tokens, "tokens": stats.tokens,
         "steps": trainer.step, "resumed_from_step": resumed_from,
         "autocast": "bfloat16" if trainer.autocast is not None else "float32",
-        "loss_first": sum(h["loss"] for h in history[:third]) / len(history[:third]),
-        "loss_last": sum(h["loss"] for h in history[-third:]) / len(history[-third:]),
+        "loss_first": mean_of("loss", history[:third]),
+        "loss_last": mean_of("loss", history[-third:]),
+        "token_accuracy_last": mean_of("token_accuracy", history[-third:]),
+        "val_loss": scored[-1]["val_loss"] if scored else None,
+        "val_token_accuracy": scored[-1]["val_token_accuracy"] if scored else None,
         "seconds": round(sum(h["seconds"] for h in history[resumed_from:]), 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -17,6 +17,11 @@ model is the LMPolicy's own, with its own LoRA, so the adapter saved here is wha
 `LMPolicy.load_adapter` loads (`nestor train`: `[policy] adapter = DIR`; `nestor bench
 agents`: `lm:MODEL --adapter DIR`).
 
+Besides the loss each step logs its token accuracy (the share of action tokens that are the
+model's argmax, TRL's `mean_token_accuracy`): a demo episode is ~700 action tokens, so a clone
+acts only when slips are rare. With `val_fraction` whole demos are held out of training and
+scored (loss, token accuracy; no gradient) every `eval_every` steps and at the end.
+
 Resumable: every `checkpoint_every` steps DIR/checkpoint/ holds the adapter, the optimizer and
 the step; the order of sequences is a function of (seed, epoch), so a resumed run sees the
 batches it would have seen.
@@ -74,13 +79,18 @@ class SFTConfig(BaseModel):
         "computes it natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX: measured 2.1× "
         "faster on this laptop's), else float32. The LoRA weights, gradients and optimizer "
         "stay float32.")
+    val_fraction: float = Field(0.0, ge=0.0, le=0.5, description="Share of demos held out "
+                                "of training (whole demos, chosen by `seed`) and scored every "
+                                "`eval_every` steps: loss and token accuracy.")
+    eval_every: int = Field(10, ge=1, description="Steps between held-out scorings.")
     checkpoint_every: int = Field(20, ge=1, description="Steps between resumable checkpoints.")
     device: str = Field("cpu", description="Torch device.")
     seed: int = Field(0, ge=0, description="Seed of data order and demos.")
 
 
-def bc_loss(model, seq: SFTSequence) -> tuple[torch.Tensor, int]:
-    """(Σ_{t: mask_t} -log p(ids_t | ids_<t), number of targets) for one sequence."""
+def bc_loss(model, seq: SFTSequence) -> tuple[torch.Tensor, int, int]:
+    """(Σ_{t: mask_t} -log p(ids_t | ids_<t), number of targets, how many of them are the
+    model's argmax) for one sequence."""
     device = next(model.parameters()).device
     ids = torch.tensor([seq.ids], device=device)  # [1, L]
     targets = torch.tensor([i for i, m in enumerate(seq.mask) if m and i > 0],
@@ -88,8 +98,10 @@ def bc_loss(model, seq: SFTSequence) -> tuple[torch.Tensor, int]:
     # position t-1 predicts token t: only those rows of the LM head are computed
     logits = model(input_ids=ids[:, :-1], logits_to_keep=targets - 1).logits[0]  # [T, V]
     logp = F.log_softmax(logits.float(), dim=-1)  # [T, V]
-    target_logp = logp.gather(1, ids[0, targets][:, None])[:, 0]  # [T]
-    return -target_logp.sum(), int(targets.numel())
+    target_ids = ids[0, targets]  # [T]
+    target_logp = logp.gather(1, target_ids[:, None])[:, 0]  # [T]
+    correct = int((logits.argmax(-1) == target_ids).sum())
+    return -target_logp.sum(), int(targets.numel()), correct
 
 
 def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
@@ -170,7 +182,9 @@ class Trainer:
 
     # ---- training -------------------------------------------------------------------------
     def train(self, sequences: list[SFTSequence],
-              on_step: Callable[[dict], None] | None = None) -> list[dict]:
+              on_step: Callable[[dict], None] | None = None,
+              val: list[SFTSequence] | None = None) -> list[dict]:
+        """Step to `cfg.steps`; `val`: held-out sequences, scored every `eval_every` steps."""
         if not sequences:
             raise ValueError("no training sequences: every demo was filtered out or dropped")
         cfg = self.cfg
@@ -191,6 +205,8 @@ class Trainer:
             while self.step < cfg.steps:
                 self.history.append(self._one_step(batches(sequences, cfg, self.step)))
                 self.step += 1
+                if val and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
+                    self.history[-1].update(self.evaluate(val))
                 if on_step is not None:
                     on_step(self.history[-1])
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
@@ -204,6 +220,16 @@ class Trainer:
         self.model.save_pretrained(self.out / "adapter")  # the warm start: DIR/adapter
         return self.history
 
+    @torch.no_grad()
+    def evaluate(self, sequences: list[SFTSequence]) -> dict[str, float]:
+        """Held-out loss (mean over action tokens) and token accuracy; no gradient."""
+        loss = n_targets = n_correct = 0
+        for seq in sequences:
+            with autocast(self.autocast, self.cfg.device):
+                loss_sum, n, correct = bc_loss(self.model, seq)
+            loss, n_targets, n_correct = loss + float(loss_sum), n_targets + n, n_correct + correct
+        return {"val_loss": loss / n_targets, "val_token_accuracy": n_correct / n_targets}
+
     def _one_step(self, batch: list[SFTSequence]) -> dict:
         t0 = time.perf_counter()
         lr = lr_at(self.step, self.cfg)
@@ -211,16 +237,17 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         n_targets = sum(s.n_targets for s in batch)
-        total = 0.0
+        total, n_correct = 0.0, 0
         for seq in batch:
             with autocast(self.autocast, self.cfg.device):
-                loss_sum, _ = bc_loss(self.model, seq)
+                loss_sum, _, correct = bc_loss(self.model, seq)
             (loss_sum / n_targets).backward()
-            total += float(loss_sum.detach())
+            total, n_correct = total + float(loss_sum.detach()), n_correct + correct
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
         self.optimizer.step()
-        return {"step": self.step + 1, "loss": total / n_targets, "lr": lr,
+        return {"step": self.step + 1, "loss": total / n_targets,
+                "token_accuracy": n_correct / n_targets, "lr": lr,
                 "grad_norm": grad_norm, "target_tokens": n_targets,
                 "tokens": sum(len(s.ids) for s in batch),
                 "seconds": round(time.perf_counter() - t0, 3)}

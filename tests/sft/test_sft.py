@@ -14,6 +14,7 @@ from nestor.policy.chat import parse_assistant
 from nestor.policy.lm import LMPolicy
 from nestor.sft.data import EncodeStats, encode_demo, policy_encoders, turn_pairs
 from nestor.sft.demos import Demo, from_openai_jsonl, select
+from nestor.sft.run import split_demos
 from nestor.sft.trainer import SFTConfig, Trainer, bc_loss
 
 # one short tool: sequences of ~300 tokens keep each step well under a second
@@ -119,14 +120,43 @@ def test_masked_tokens_carry_no_gradient(agent):
     head = agent.model.get_output_embeddings()
     hook = head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[1]))
     try:
-        loss, n = bc_loss(agent.model, seq)
+        loss, n, correct = bc_loss(agent.model, seq)
     finally:
         hook.remove()
     assert rows == [n] and n == seq.n_targets < len(seq.ids) // 3
     with torch.no_grad():
         logp = F.log_softmax(agent.model(input_ids=torch.tensor([seq.ids])).logits[0].float(), -1)
-    want = -sum(float(logp[t - 1, seq.ids[t]]) for t in range(1, len(seq.ids)) if seq.mask[t])
+    targets = [t for t in range(1, len(seq.ids)) if seq.mask[t]]
+    want = -sum(float(logp[t - 1, seq.ids[t]]) for t in targets)
     assert float(loss.detach()) == pytest.approx(want, rel=1e-4)
+    # token accuracy: the targets that are the argmax of the full logits
+    assert correct == sum(int(logp[t - 1].argmax()) == seq.ids[t] for t in targets)
+
+
+def test_held_out_demos_are_scored_without_a_gradient_and_never_trained(tmp_path):
+    demos = [Demo(conversation(), TOOLS, passed=True, id=f"d{i}") for i in range(8)]
+    train, held = split_demos(demos, 0.25, seed=3)
+    assert len(held) == 2 and {d.id for d in train}.isdisjoint(d.id for d in held)
+    assert len(train) + len(held) == 8
+    assert split_demos(demos, 0.25, seed=3) == (train, held)  # a resume holds out the same
+    assert split_demos(demos, 0.0, seed=3) == (demos, [])
+    assert len(split_demos(demos[:1], 0.5, seed=3)[0]) == 1  # never every demo held out
+
+    agent = policy()
+    render, encode_action = policy_encoders(agent)
+    seqs = encode_demo(demos[0], render, encode_action)
+    trainer = Trainer(agent, SFTConfig(model="tiny-m", steps=3, batch_sequences=1, eval_every=2,
+                                       precision="float32", gradient_checkpointing=False),
+                      tmp_path)
+    before = [p.detach().clone() for p in trainer.params]
+    scored = trainer.evaluate(seqs)
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.params, strict=True))
+    assert all(p.grad is None for p in trainer.params)
+    loss, n, correct = bc_loss(agent.model, seqs[0])
+    assert scored == pytest.approx({"val_loss": float(loss.detach()) / n, "val_token_accuracy": correct / n})
+    history = trainer.train(seqs, val=seqs)
+    assert ["val_loss" in h for h in history] == [False, True, True]  # every 2 steps and the last
+    assert all(0 <= h["token_accuracy"] <= 1 for h in history)
 
 
 def test_bfloat16_autocast_steps_as_float32_does_and_keeps_the_adapter_float32(tmp_path):

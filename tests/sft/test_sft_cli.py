@@ -33,11 +33,15 @@ def test_sft_cli_trains_resumes_and_reports_json(tmp_path):
     demos = transcripts(tmp_path / "t.jsonl")
     out = tmp_path / "out"
     args = ["sft", "--demos", str(demos), "--model", "tiny-m", "--out", str(out), "--json",
-            "--min-reward", "0.3"]
+            "--min-reward", "0.3", "--val-fraction", "0.5"]
     first = runner.invoke(app, [*args, "--steps", "1"])
     assert first.exit_code == 0, first.output
     summary = json.loads(first.stdout)
     assert summary["demos_read"] == 3 and summary["demos_kept"] == 2  # reward ≥ 0.3
+    # one of the two held out: trained on one sequence, scored on the other
+    assert summary["demos_held_out"] == 1 and summary["sequences"] == 1
+    assert summary["val_loss"] > 0 and 0 <= summary["val_token_accuracy"] <= 1
+    assert 0 <= summary["token_accuracy_last"] <= 1
     assert summary["steps"] == 1 and (out / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((out / "sft.json").read_text())["min_reward"] == 0.3
     again = runner.invoke(app, [*args, "--steps", "2"])  # not empty, no --resume: refused
