@@ -4,21 +4,11 @@ A LoRA adapter (peft) is the only trained part. `act` renders the conversation a
 with the model's chat template, samples one assistant turn with its own KV-cache loop, records
 the sampled token ids and their log-probabilities (under the temperature-scaled distribution)
 and parses Qwen3-style tool calls. `train_step` re-scores exactly those tokens in their recorded
-context and applies the importance-sampling policy-gradient loss below: an episode whose turns
+context and applies the importance-sampling policy-gradient loss: an episode whose turns
 extend each other (see `context_for`) in one forward pass over its whole token sequence
 (nestor/policy/lm_sequence.py), any other turn by turn.
 
-The loss (one place, shared with any policy that records per-action logprobs):
-
-    loss = -(1/N) Σ_episodes Σ_{policy tokens t} exp(logp_θ(t) - logp_sample(t)) · A_episode
-
-N is the number of episodes in the batch (a constant per step, so the learning rate does not
-depend on batch size). Prompts, user text and tool results are never actions, so they carry no
-loss. Off-policy turns (sampled several versions ago, or by a sampler whose numerics differ from
-the trainer's, e.g. bf16 on a GPU) can have huge per-token ratios, so each ratio is truncated at
-`tis_cap` C (truncated importance sampling): above C the term is C·A with the gradient
-C·A·∇logp_θ, not ratio·A·∇logp_θ. With `clip_ratio` c > 0 each term is then the PPO pessimistic
-min of the plain and the clipped ratio (clipped to [1-c, 1+c]).
+The loss is nestor/policy/is_loss.py's (truncated importance sampling, optionally PPO-clipped).
 
 Acting: episodes act from many threads; concurrent turns are gathered into one batched,
 left-padded sampling call (`RequestBatcher`), so G episodes of a group cost one forward per
@@ -48,6 +38,7 @@ from nestor.models.sampler import sample
 from nestor.policy.base import Observation, TrainItem, Turn
 from nestor.policy.batching import RequestBatcher
 from nestor.policy.chat import parse_assistant
+from nestor.policy.is_loss import DEFAULT_TIS_CAP, importance_sampling_loss
 from nestor.policy.lm_context import ContextRenderer
 from nestor.policy.lm_sequence import (
     PackedSequence,
@@ -59,7 +50,6 @@ from nestor.policy.oom import PolicyOutOfMemory, free_memory, is_oom
 from nestor.policy.tool_format import tool_format_for
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-DEFAULT_TIS_CAP = 2.0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -73,52 +63,6 @@ def sampling_generator(device: torch.device | str, seed: int) -> torch.Generator
     """The sampler's generator, on the device of the logits it samples from: torch.multinomial
     refuses a CPU generator for CUDA probabilities."""
     return torch.Generator(device=torch.device(device)).manual_seed(seed)
-
-
-def importance_sampling_loss(logp: torch.Tensor, logp_sample: torch.Tensor,
-                             advantages: torch.Tensor, mask: torch.Tensor,
-                             clip_ratio: float = 0.0,
-                             tis_cap: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """Sum over masked actions of -min(ratio, C)·A (C = tis_cap; 0 = no cap), PPO-clipped.
-
-    logp, logp_sample, mask: [N, T] (mask True on policy-produced actions); advantages: [N].
-    Returns the summed loss (caller normalises) and ratio statistics over the masked actions.
-    """
-    mask = mask.to(logp.dtype)
-    ratio = torch.exp(logp - logp_sample)  # [N, T]
-    weight = ratio  # [N, T]: the ratio as the loss uses it
-    truncated = torch.zeros_like(ratio, dtype=torch.bool)
-    if tis_cap > 0:
-        truncated = ratio.detach() > tis_cap
-        # value C, gradient C·∇logp (the ratio's direction kept, its size capped)
-        weight = torch.where(truncated, ratio * (tis_cap / ratio.detach()), ratio)
-    adv = advantages.to(logp.dtype)[:, None]  # [N, 1]
-    objective = weight * adv  # [N, T]
-    clipped_frac = 0.0
-    if clip_ratio > 0:
-        clipped = torch.clamp(weight, 1.0 - clip_ratio, 1.0 + clip_ratio) * adv
-        objective = torch.minimum(objective, clipped)
-        was_clipped = (clipped < weight * adv).to(logp.dtype)
-        clipped_frac = float((was_clipped * mask).sum() / mask.sum().clamp(min=1))
-    loss = -(objective * mask).sum()
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1)
-        stats = {"ratio_mean": float((ratio * mask).sum() / n),
-                 "ratio_max": float((ratio * mask).max()) if mask.any() else 1.0,
-                 "clipped_frac": clipped_frac,
-                 "truncated_frac": float((truncated.to(logp.dtype) * mask).sum() / n)}
-    return loss, stats
-
-
-def token_logprobs(model, context_ids: list[int], action_ids: list[int],
-                   temperature: float) -> torch.Tensor:
-    """log p(action_t | context, action_<t) under the temperature-scaled distribution: [T].
-
-    Only the T positions that predict actions go through the LM head (`logits_to_keep`): the
-    context's [L, V] logits (L in the thousands, V ~150k for Qwen3) are never built.
-    """
-    return action_logprobs(model, list(context_ids) + list(action_ids),
-                           [False] * len(context_ids) + [True] * len(action_ids), temperature)
 
 
 def model_dtype(dtype: str, device: str) -> torch.dtype | None:

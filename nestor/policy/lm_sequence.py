@@ -88,3 +88,14 @@ def action_logprobs(model, input_ids: list[int], action_mask: list[bool],
     logp = F.log_softmax(logits.float() / temperature, dim=-1)  # [A, V]
     targets = torch.tensor([input_ids[p] for p in positions], device=device)  # [A]
     return logp.gather(1, targets[:, None])[:, 0]  # [A]
+
+
+def token_logprobs(model, context_ids: list[int], action_ids: list[int],
+                   temperature: float) -> torch.Tensor:
+    """log p(action_t | context, action_<t) under the temperature-scaled distribution: [T].
+
+    Only the T positions that predict actions go through the LM head (`logits_to_keep`): the
+    context's [L, V] logits (L in the thousands, V ~150k for Qwen3) are never built.
+    """
+    return action_logprobs(model, list(context_ids) + list(action_ids),
+                           [False] * len(context_ids) + [True] * len(action_ids), temperature)

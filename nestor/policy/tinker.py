@@ -11,9 +11,9 @@ calls are parsed in the model family's format (`nestor.policy.tool_format`).
 Training: each episode's turns become `tinker.types.Datum`s (advantage 0 on prompt and
 tool-result tokens, A/N on the turn's own tokens, N = episodes in the batch) and one
 `forward_backward` + `optim_step(AdamParams)` is one policy version. The loss is the LM
-policy's (`nestor.policy.lm.importance_sampling_loss`: per-token ratio truncated at `tis_cap`,
-optionally PPO-clipped), run through the SDK's `forward_backward_custom` (one extra forward
-pass on the service); with tis_cap = clip_ratio = 0 it is the service's own
+policy's (`nestor.policy.is_loss`: per-token ratio truncated at `tis_cap`, optionally
+PPO-clipped), run through the SDK's `forward_backward_custom` (one extra forward pass on the
+service); with tis_cap = clip_ratio = 0 it is the service's own
 `importance_sampling` loss, which is the same sum untruncated. The loop's hard staleness cap
 applies (`token_level`).
 
@@ -43,7 +43,8 @@ from tinker import types
 
 from nestor.policy.base import Observation, TrainItem, Turn
 from nestor.policy.chat import parse_assistant, to_hf_messages
-from nestor.policy.lm import DEFAULT_TIS_CAP, default_turn_tokens, importance_sampling_loss
+from nestor.policy.is_loss import DEFAULT_TIS_CAP, importance_sampling_loss
+from nestor.policy.lm import default_turn_tokens
 from nestor.policy.tool_format import stop_token_ids, tool_format_for
 
 DEFAULT_CONTEXT = 32768  # when neither the config nor the service says

@@ -17,7 +17,7 @@ import torch
 
 from nestor.outer.groups import EpisodeSummary
 from nestor.policy.base import Message, Observation, TrainItem, Turn
-from nestor.policy.lm import importance_sampling_loss
+from nestor.policy.is_loss import importance_sampling_loss
 
 GOOD_ARM = 2
 

@@ -9,7 +9,7 @@ from nestor.outer.config import RunConfig
 from nestor.outer.groups import EpisodeSummary
 from nestor.outer.loop import OuterLoop
 from nestor.policy.base import Message, Observation
-from nestor.policy.lm import token_logprobs
+from nestor.policy.lm_sequence import token_logprobs
 
 TOOLS = [{"type": "function", "function": {"name": "submit", "description": "submit the job",
                                            "parameters": {"type": "object", "properties": {}}}}]

@@ -4,8 +4,12 @@ import pytest
 import torch
 
 from nestor.policy.base import Message, Observation, TrainItem, Turn
-from nestor.policy.lm import token_logprobs
-from nestor.policy.lm_sequence import action_logprobs, episode_sequence, turn_sequence
+from nestor.policy.lm_sequence import (
+    action_logprobs,
+    episode_sequence,
+    token_logprobs,
+    turn_sequence,
+)
 from tests.policy.test_lm import TOOLS, obs, tiny_agent
 
 

@@ -6,7 +6,8 @@ import torch
 
 from nestor.agent.prompt import system_prompt, task_message
 from nestor.policy.base import Message, Observation, TrainItem
-from nestor.policy.lm import LMPolicy, token_logprobs
+from nestor.policy.lm import LMPolicy
+from nestor.policy.lm_sequence import token_logprobs
 from nestor.sandbox.workspace import TOOL_SCHEMAS
 from nestor.tasks import TaskRegistry
 
