@@ -4,11 +4,9 @@ A LoRA adapter (peft) is the only trained part. `act` renders the conversation a
 with the model's chat template, samples one assistant turn with its own KV-cache loop, records
 the sampled token ids and their log-probabilities (under the temperature-scaled distribution)
 and parses Qwen3-style tool calls. `train_step` re-scores exactly those tokens in their recorded
-context and applies the importance-sampling policy-gradient loss: an episode whose turns
-extend each other (see `context_for`) in one forward pass over its whole token sequence
-(nestor/policy/lm_sequence.py), any other turn by turn.
-
-The loss is nestor/policy/is_loss.py's (truncated importance sampling, optionally PPO-clipped).
+context and applies the importance-sampling policy-gradient loss (nestor/policy/is_loss.py):
+an episode whose turns extend each other (see `context_for`) in one forward pass over its whole
+token sequence (nestor/policy/lm_sequence.py), any other turn by turn.
 
 Acting: episodes act from many threads; concurrent turns are gathered into one batched,
 left-padded sampling call (`RequestBatcher`), so G episodes of a group cost one forward per
