@@ -69,6 +69,7 @@ SKIP = [
     (r"^nestor sft\b.*smollm2|lm:smollm2|configs/lm-arc\.toml",
      "the SmolLM2 warm start or RL: 45 min of SFT, ~30 min an RL step on a CPU (docs/agents.md)"),
     (r"benchmarks/lm_arc\.py", "the LM arc: hours on a CPU, run on its own (docs/agents.md)"),
+    (r"benchmarks/clone_accuracy\.py", "scores the LM arc's warm starts: needs their adapters (hours of SFT)"),
     (r"gpu_check\.py.*smollm2", "the SmolLM2 agent's check, for a GPU with the lm-arc warm start"),
 ]
 
