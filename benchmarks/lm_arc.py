@@ -34,6 +34,7 @@ import sys
 import time
 import tomllib
 import zlib
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,8 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
         return {**summary, "cached": True}
     pc = config.policy
     cfg = SFTConfig(model=pc.model, demos=f"composer:{args.demos_per_task}",
-                    tasks=demo_tasks(args, config), device=args.sft_device,
+                    tasks=demo_tasks(args, config), slips_per_job=args.slips_per_job,
+                    device=args.sft_device,
                     steps=args.sft_steps, batch_sequences=args.sft_batch,
                     learning_rate=args.sft_lr, warmup_steps=min(5, args.sft_steps // 4),
                     lora_rank=pc.lora_rank, lora_alpha=pc.lora_alpha,
@@ -189,7 +191,8 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
     if args.demos_only:  # the SFT runs elsewhere (a GPU): it resumes from DIR/demos.jsonl
         write_config(cfg, sft_dir)
         kept, n_read = gather_demos(cfg, sft_dir, episode=config.episode_config())
-        return {"demos_kept": len(kept), "demos_read": n_read, "demos_only": True}
+        return {"demos_kept": len(kept), "demos_read": n_read, "demos_only": True,
+                "demos_by_source": dict(Counter(d.source for d in kept))}
     t0 = time.time()
     summary = run_sft(cfg, sft_dir, resume=(sft_dir / "sft.json").is_file(),
                       episode=config.episode_config(),
@@ -284,6 +287,8 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, default=10)
     ap.add_argument("--group-size", type=int, default=None)
     ap.add_argument("--demos-per-task", type=int, default=8)
+    ap.add_argument("--slips-per-job", type=int, default=0, help="repair demos: each demo job "
+                    "that passed first try replayed with K LM slips and their repairs")
     ap.add_argument("--sft-steps", type=int, default=60)
     ap.add_argument("--sft-batch", type=int, default=4)
     ap.add_argument("--sft-lr", type=float, default=2e-4)

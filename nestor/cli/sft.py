@@ -35,6 +35,9 @@ def sft(
     min_reward: float = typer.Option(None, "--min-reward", help="Keep demos with reward ≥ x."),
     best_of_group: bool = typer.Option(None, "--best-of-group/--all-of-group",
                                        help="Keep only the best demo of each group."),
+    slips_per_job: int = typer.Option(None, "--slips-per-job", help="composer:N: replay each "
+                                      "job that passed first try with K different LM slips "
+                                      "and their repairs (0-7): demos of reading the report."),
     train_demos: bool = typer.Option(False, "--train-demos", help="composer:N: train each "
                                      "valid job on a local pool, so demos have rewards."),
     resume: bool = typer.Option(False, "--resume", help="Continue DIR's run from its last "
@@ -57,7 +60,8 @@ def sft(
             fail(f"{config}: {exc}")
     raw.update({"demos": demos, "model": model})
     for key, value in (("steps", steps), ("learning_rate", lr), ("val_fraction", val_fraction),
-                       ("min_reward", min_reward), ("best_of_group", best_of_group)):
+                       ("min_reward", min_reward), ("best_of_group", best_of_group),
+                       ("slips_per_job", slips_per_job)):
         if value is not None:
             raw[key] = value
     if tasks:

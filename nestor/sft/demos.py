@@ -6,7 +6,9 @@ the probe's report), the tool schemas it offered and its outcome. Three sources:
 
 * `composer:N` — the composer writes N short-form jobs (docs/job-format.md) per training task
   through the same tools, validated by the real probe (and trained, with a pool). Its turns'
-  text is its plan, which no LM could write: a demo keeps only the tool calls.
+  text is its plan, which no LM could write: a demo keeps only the tool calls. With
+  `slips_per_job`, jobs that passed first try are replayed with an LM's slips and their
+  repairs (nestor/sft/slips.py).
 * a run directory — every `episodes/*/transcript.json` of a `nestor train` or `episode` run.
 * a `.jsonl` of OpenAI-format chat transcripts, one per line: {"messages": [...], "tools":
   [...], "reward": x, "passed": bool, "task": id} — e.g. a stronger model's `bench agents`
@@ -223,13 +225,17 @@ def from_openai_jsonl(path: Path) -> list[Demo]:
 
 
 def from_composer(n: int, tasks: list[str], run_dir: Path, *, episode: Any = None,
-                  pool: Any = None, seed: int = 0,
+                  pool: Any = None, seed: int = 0, slips_per_job: int = 0,
                   on_episode: Callable[[Demo], None] | None = None) -> list[Demo]:
     """The composer (short form) writes `n` jobs per task through the episode's tools; each is
-    validated by the probe (and trained when a `pool` is given). Episodes land in `run_dir`."""
+    validated by the probe (and trained when a `pool` is given). Episodes land in `run_dir`.
+    `slips_per_job`: each job that passed first try is replayed that many times, each with a
+    different LM slip and its repair (nestor/sft/slips.py); a replay is kept only when the
+    slip failed the probe and the repair passed it."""
     from nestor.agent.episode import EpisodeConfig, run_episode
     from nestor.ledger import Ledger
     from nestor.policy.composer import Composer, ComposerConfig
+    from nestor.sft.slips import SlipThenRepair, draw_kinds, written_files
     from nestor.tasks import TaskRegistry
 
     cfg = episode or EpisodeConfig(prompt_style="compact")
@@ -243,20 +249,34 @@ def from_composer(n: int, tasks: list[str], run_dir: Path, *, episode: Any = Non
         for t, task in enumerate(tasks):
             spec = registry.get(task).spec(cfg.difficulty)
             for i in range(n):
-                rec = run_episode(composer, spec, pool, ledger, cfg, group_id=f"{task}",
-                                  seed=seed * 100_003 + t * 1009 + i)
-                messages = one_call_per_turn([lm_view(m) for m in rec.messages])
-                demo = Demo(messages=messages, tools=_tools(),
-                            task=task, source="composer", reward=rec.reward,
-                            passed=rec.end_reason in TRAINED_ENDS,
-                            first_try=rec.components.get("validation_efficiency", 0) >= 1.0,
-                            group=task, id=rec.id)
-                demos.append(demo)
-                if on_episode is not None:
-                    on_episode(demo)
+                ep_seed = seed * 100_003 + t * 1009 + i
+                demo = _demo(run_episode(composer, spec, pool, ledger, cfg, group_id=task,
+                                         seed=ep_seed), task, "composer", task)
+                replays = []
+                if demo.first_try and slips_per_job:
+                    job = written_files([c for m in demo.messages for c in m.tool_calls])
+                    for kind in draw_kinds(job, ep_seed, slips_per_job):
+                        rec = run_episode(SlipThenRepair(composer, kind, ep_seed), spec, pool,
+                                          ledger, cfg, group_id=f"{task}/slip", seed=ep_seed)
+                        replay = _demo(rec, task, f"slip:{kind}", f"{task}/slip")
+                        if replay.passed and not replay.first_try:  # failed, then repaired
+                            replays.append(replay)
+                for d in (demo, *replays):
+                    demos.append(d)
+                    if on_episode is not None:
+                        on_episode(d)
     finally:
         ledger.close()
     return demos
+
+
+def _demo(rec: Any, task: str, source: str, group: str) -> Demo:
+    """A Demo of a composer episode's record, in the turns an LM would write."""
+    return Demo(messages=one_call_per_turn([lm_view(m) for m in rec.messages]), tools=_tools(),
+                task=task, source=source, reward=rec.reward,
+                passed=rec.end_reason in TRAINED_ENDS,
+                first_try=rec.components.get("validation_efficiency", 0) >= 1.0,
+                group=group, id=rec.id)
 
 
 def _tools() -> list[dict[str, Any]]:

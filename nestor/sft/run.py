@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ def gather_demos(cfg: SFTConfig, out: Path, *, pool: Any = None, resume: bool = 
         from nestor.agent.episode import EpisodeConfig
 
         kw = {"tasks": cfg.tasks, "pool": pool, "seed": cfg.seed, "on_episode": on_demo,
+              "slips_per_job": cfg.slips_per_job,
               "episode": episode or EpisodeConfig(prompt_style=cfg.prompt_style)}
     demos = load_source(cfg.demos, out, **kw)
     kept = select(demos, passed=cfg.passed_only, min_reward=cfg.min_reward,
@@ -92,6 +94,7 @@ def run_sft(cfg: SFTConfig, out: Path, *, resume: bool = False, pool: Any = None
     summary = {
         "out": str(out), "adapter": str(out / "adapter"), "model": cfg.model,
         "demos_read": n_read, "demos_kept": len(demos), "demos_held_out": len(val_demos),
+        "demos_by_source": dict(Counter(d.source for d in demos)),
         "turns": stats.turns, "turns_dropped_too_long": stats.dropped_long,
         "turns_context_only": stats.context_only, "sequences": stats.sequences,
         "target_tokens": stats.target_tokens, "tokens": stats.tokens,

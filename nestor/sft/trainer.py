@@ -55,6 +55,10 @@ class SFTConfig(BaseModel):
     passed_only: bool = Field(True, description="Keep demos whose job passed validation.")
     min_reward: float | None = Field(None, description="Keep demos with reward ≥ this.")
     best_of_group: bool = Field(False, description="Keep the best demo of each group only.")
+    slips_per_job: int = Field(0, ge=0, le=7, description="composer:N: replay each job that "
+                               "passed first try this many times, each with a different LM "
+                               "slip and its repair (nestor/sft/slips.py): demos of fixing what "
+                               "the probe reports.")
     train_failed_attempts: bool = Field(False, description="Also clone the turns of attempts "
                                         "whose submit failed (default: they are only the "
                                         "context of the repair that follows).")

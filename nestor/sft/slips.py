@@ -1,0 +1,216 @@
+"""An LM's slips, written into jobs that passed, and their repairs: demos of reading the report.
+
+Why: a warm start cloned from the composer learns the composer's repairs — it resamples its
+decisions and rewrites whole files — not fixes for the mistakes a small LM makes. Warm start 4
+(docs/agents.md) repaired 0 of 25 second submits, each a resubmit of the first one's failure.
+Its first-submit failures were slips of typing, not of design: an unterminated string, an
+undefined name, a `vf.` attribute that does not exist, the package at the wrong path, a seed
+past int32, a broken TOML line, a copied `max_new_tokens = 1024`. `SLIPS` makes each of them.
+
+`SlipThenRepair` replays a composer episode that passed on its first try (same seed, so the
+same job) with one slip written into one file. The real probe fails it and reports why; the
+next turn undoes exactly what the slip changed — `edit_file` of the broken line, or the file
+written at its right path and the wrong one deleted — and submits again. A demo of it pairs a
+real report with the fix it points at; the slipped attempt is context, not a target
+(demos.failed_attempt_turns), so the clone learns the repair, not the slip.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nestor.policy.base import Message, Observation, ToolCall, Turn
+
+
+@dataclass(frozen=True)
+class Slip:
+    kind: str
+    path: str  # the file the slip breaks, as the job has it
+    written_path: str  # where the broken text is written (differs for `wrong_path`)
+    broken: str  # the broken file's text
+    repair: tuple[ToolCall, ...]  # the calls that undo the slip (a submit follows)
+
+
+def _module(files: dict[str, str]) -> tuple[str, str] | None:
+    """(path, text) of the taskset's module, env/<pkg>/__init__.py."""
+    for path, text in files.items():
+        if re.fullmatch(r"env/\w+/__init__\.py", path):
+            return path, text
+    return None
+
+
+def _edit(kind: str, path: str, text: str, line: str, broken_line: str) -> Slip | None:
+    """`line` of `text` replaced by `broken_line`; repaired by editing it back. None when the
+    broken line would not be unique (edit_file needs its old_string once)."""
+    broken = text.replace(line, broken_line, 1)
+    if broken == text or broken.count(broken_line) != 1:
+        return None
+    fix = ToolCall("edit_file", {"path": path, "old_string": broken_line, "new_string": line})
+    return Slip(kind, path, path, broken, (fix,))
+
+
+def _pick(rng: random.Random, options: list) -> object | None:
+    return rng.choice(options) if options else None
+
+
+def unterminated_string(files: dict[str, str], rng: random.Random) -> Slip | None:
+    """A string literal's closing quote dropped: the module no longer compiles."""
+    found = _module(files)
+    if found is None:
+        return None
+    path, text = found
+    options = []
+    for line in text.splitlines():
+        m = re.search(r"\"[^\"\\\n]+\"|'[^'\\\n]+'", line)
+        if m and '"""' not in line:
+            broken_line = line[:m.end() - 1] + line[m.end():]
+            try:
+                compile(text.replace(line, broken_line, 1), path, "exec")
+            except SyntaxError:
+                options.append((line, broken_line))
+    choice = _pick(rng, options)
+    return _edit("unterminated_string", path, text, *choice) if choice else None
+
+
+def undefined_name(files: dict[str, str], rng: random.Random) -> Slip | None:
+    """One use of a variable misspelt (`pairs` -> `pair`): a NameError when the code runs."""
+    found = _module(files)
+    if found is None:
+        return None
+    path, text = found
+    lines = text.splitlines()
+    assigned = {m.group(1) for ln in lines if (m := re.match(r"\s+(\w{3,}) = ", ln))}
+    options = []
+    for name in sorted(assigned):
+        typo = name[:-1] if name.endswith("s") else name + "s"
+        if re.search(rf"\b{typo}\b", text):
+            continue
+        for ln in lines:
+            if re.search(rf"\b{name}\b", ln) and not re.match(rf"\s+{name} = ", ln):
+                options.append((ln, re.sub(rf"\b{name}\b", typo, ln, count=1)))
+    choice = _pick(rng, options)
+    return _edit("undefined_name", path, text, *choice) if choice else None
+
+
+# attributes verifiers.v1 has, and a plausible misspelling of each that it has not
+_VF_TYPOS = {"vf.Taskset[": "vf.TaskSet[", "vf.TaskData)": "vf.Taskdata)",
+             "vf.reward(": "vf.rewards(", "vf.Trace)": "vf.Traces)"}  # (vf.trace is a module)
+
+
+def vf_attribute(files: dict[str, str], rng: random.Random) -> Slip | None:
+    """A `vf.` name that verifiers does not have: the import fails with AttributeError."""
+    found = _module(files)
+    if found is None:
+        return None
+    path, text = found
+    options = [(ln, ln.replace(good, bad, 1)) for ln in text.splitlines()
+               for good, bad in _VF_TYPOS.items() if good in ln]
+    choice = _pick(rng, options)
+    return _edit("vf_attribute", path, text, *choice) if choice else None
+
+
+def wrong_path(files: dict[str, str], rng: random.Random) -> Slip | None:
+    """The taskset's module written outside env/<pkg>/: the package is missing."""
+    found = _module(files)
+    if found is None:
+        return None
+    path, text = found
+    pkg = path.split("/")[1]
+    wrong = rng.choice([f"env/{pkg}.py", f"{pkg}/__init__.py", "env/__init__.py"])
+    repair = (ToolCall("write_file", {"path": path, "content": text}),
+              ToolCall("delete_file", {"path": wrong}))
+    return Slip("wrong_path", path, wrong, text, repair)
+
+
+def _config_line(files: dict[str, str], key: str) -> tuple[str, str] | None:
+    text = files.get("config.toml")
+    if text is None:
+        return None
+    m = re.search(rf"^{key} = .*$", text, re.M)
+    return (text, m.group(0)) if m else None
+
+
+def seed_overflow(files: dict[str, str], rng: random.Random) -> Slip | None:
+    """A ten-digit seed, past the int32 the config allows."""
+    found = _config_line(files, "seed")
+    if found is None:
+        return None
+    text, line = found
+    return _edit("seed_overflow", "config.toml", text, line,
+                 f"seed = {rng.randint(2**32, 9_999_999_999)}")
+
+
+def toml_quote(files: dict[str, str], rng: random.Random) -> Slip | None:
+    """A TOML string's closing quote dropped: config.toml no longer parses."""
+    found = _config_line(files, "base_model")
+    if found is None or not found[1].endswith('"'):
+        return None
+    text, line = found
+    return _edit("toml_quote", "config.toml", text, line, line[:-1])
+
+
+def answer_cap(files: dict[str, str], rng: random.Random) -> Slip | None:
+    """`max_new_tokens = 1024` copied for a task whose answers take a few tokens: the job's
+    sampled tokens blow the token budget."""
+    found = _config_line(files, "max_new_tokens")
+    if found is None or found[1].endswith(" 1024"):
+        return None
+    text, line = found
+    return _edit("answer_cap", "config.toml", text, line, "max_new_tokens = 1024")
+
+
+SLIPS: dict[str, Callable[[dict[str, str], random.Random], Slip | None]] = {
+    f.__name__: f for f in (unterminated_string, undefined_name, vf_attribute, wrong_path,
+                            seed_overflow, toml_quote, answer_cap)}
+
+
+def written_files(calls: list[ToolCall]) -> dict[str, str]:
+    return {c.arguments["path"]: c.arguments["content"] for c in calls
+            if c.name == "write_file"}
+
+
+def slip_rng(kind: str, seed: int) -> random.Random:
+    """Where a slip goes: its own stream, so that whatever drew the kind from `seed` does not
+    also fix the place (one draw deciding both put every slip of a kind at the same spot)."""
+    return random.Random(f"slip:{kind}:{seed}")
+
+
+def draw_kinds(files: dict[str, str], seed: int, k: int) -> list[str]:
+    """`k` different slips (fewer if fewer apply) that can be written into a job of these
+    files."""
+    kinds = [s for s, make in SLIPS.items() if make(files, slip_rng(s, seed)) is not None]
+    return random.Random(f"kinds:{seed}").sample(kinds, min(k, len(kinds)))
+
+
+class SlipThenRepair:
+    """One episode's policy: `inner`'s first turn with the `kind` slip written into it; after
+    the failed submit, the slip's repair and a submit; then a reply with no call (the end).
+    `seed` picks where the slip goes, so a replay writes the same one."""
+
+    def __init__(self, inner, kind: str, seed: int):
+        self.inner, self.kind, self.seed = inner, kind, seed
+        self.name, self.version = f"{inner.name}+{kind}", inner.version
+        self.slip: Slip | None = None
+        self._turns = 0
+
+    def act(self, obs: Observation) -> Turn:
+        self._turns += 1
+        if self._turns == 1:
+            turn = self.inner.act(obs)
+            calls = list(turn.message.tool_calls)
+            self.slip = SLIPS[self.kind](written_files(calls), slip_rng(self.kind, self.seed))
+            if self.slip is None:
+                raise ValueError(f"slip {self.kind!r} does not apply to this job")
+            for i, c in enumerate(calls):
+                if c.name == "write_file" and c.arguments["path"] == self.slip.path:
+                    calls[i] = ToolCall("write_file", {"path": self.slip.written_path,
+                                                       "content": self.slip.broken}, c.id)
+            return Turn(Message("assistant", turn.message.content, calls))
+        if self._turns == 2 and self.slip is not None:
+            calls = [*self.slip.repair, ToolCall("submit", {})]
+            return Turn(Message("assistant", "", [ToolCall(c.name, c.arguments, f"r{i}")
+                                                  for i, c in enumerate(calls)]))
+        return Turn(Message("assistant", ""))  # the repair did not pass: stop here
