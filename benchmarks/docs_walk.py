@@ -67,8 +67,9 @@ SKIP = [
      "an smollm2-135m agent on a CPU: 18 min per episode (docs/agents.md)"),
     (r"benchmarks/arc\.py", "the arc: 6-12 min a seed, run on its own"),
     (r"^nestor sft\b.*smollm2|lm:smollm2|configs/lm-arc\.toml",
-     "the SmolLM2 warm start or RL: 45 min of SFT, ~30 min an RL step on a CPU (docs/agents.md)"),
+     "the SmolLM2 warm start or RL: 45-90 min of SFT, ~16 min an RL step on a CPU (docs/agents.md)"),
     (r"benchmarks/lm_arc\.py", "the LM arc: hours on a CPU, run on its own (docs/agents.md)"),
+    (r"benchmarks/repair_eval\.py --agent lm", "the LM agent repairing slipped jobs: ~10 min to an hour on a CPU, run on its own"),
     (r"benchmarks/clone_accuracy\.py", "scores the LM arc's warm starts: needs their adapters (hours of SFT)"),
     (r"gpu_check\.py.*smollm2", "the SmolLM2 agent's check, for a GPU with the lm-arc warm start"),
 ]

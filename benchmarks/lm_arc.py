@@ -107,6 +107,7 @@ def run_arm(policy, name: str, config, out: Path, tasks: list[str], episodes: in
                "passed": rec.end_reason in TRAINED_ENDS, "reward": rec.reward,
                "quality": c.get("quality"), "trained": pool is not None,
                "turns": len(rec.turns), "malformed": sum(bool(t.parse_error) for t in rec.turns),
+               "submits": rec.attempts,
                **job_traits(ledger.run_dir / "episodes" / rec.id)}
         print(f"  [{name}] {task}: {rec.end_reason}, first_try={row['first_try']}, "
               f"reward {rec.reward:.3f}", file=sys.stderr, flush=True)
@@ -140,6 +141,9 @@ def summarize(rows: list[dict[str, Any]], trained: bool) -> dict[str, Any]:
             forms[f] = forms.get(f, 0) + 1
     out["rubric_forms"] = forms
     out["malformed_turns"] = sum(r["malformed"] for r in rows)
+    # an episode ends at its first passing submit, so a second submit means the first failed
+    resubmitted = [r for r in rows if r.get("submits", 0) >= 2]
+    out["repairs"] = {"passed": sum(r["passed"] for r in resubmitted), "of": len(resubmitted)}
     return out
 
 
@@ -151,6 +155,7 @@ def fmt(s: dict[str, Any]) -> str:
         return "n/a" if d is None else f"{d['mean']:.3f} [{d['ci95'][0]:.3f},{d['ci95'][1]:.3f}]"
 
     return (f"n={s['n']:3d}  first-try {rate(s['first_try'])}  valid {rate(s['passed'])}  "
+            f"repaired {s['repairs']['passed']}/{s['repairs']['of']}  "
             f"quality {mean(s['quality'])}  reward {mean(s['reward'])}")
 
 

@@ -234,14 +234,11 @@ def from_composer(n: int, tasks: list[str], run_dir: Path, *, episode: Any = Non
     slip failed the probe and the repair passed it."""
     from nestor.agent.episode import EpisodeConfig, run_episode
     from nestor.ledger import Ledger
-    from nestor.policy.composer import Composer, ComposerConfig
     from nestor.sft.slips import SlipThenRepair, draw_kinds, written_files
     from nestor.tasks import TaskRegistry
 
     cfg = episode or EpisodeConfig(prompt_style="compact")
-    # read_report: its budget repairs copy the refusal's max_steps, a fix a clone can learn
-    composer = Composer(ComposerConfig(job_form="short", repair="read_report", seed=seed,
-                                       base_models=cfg.models, token_budget=cfg.token_budget))
+    composer = demo_composer(cfg, seed)
     registry = TaskRegistry()
     ledger = Ledger(Path(run_dir))
     demos = []
@@ -268,6 +265,17 @@ def from_composer(n: int, tasks: list[str], run_dir: Path, *, episode: Any = Non
     finally:
         ledger.close()
     return demos
+
+
+def demo_composer(episode: Any, seed: int) -> Any:
+    """The composer that writes demos: short-form jobs for the episode's base models and token
+    budget; read_report: its budget repairs copy the refusal's max_steps, a fix a clone can
+    learn."""
+    from nestor.policy.composer import Composer, ComposerConfig
+
+    return Composer(ComposerConfig(job_form="short", repair="read_report", seed=seed,
+                                   base_models=episode.models,
+                                   token_budget=episode.token_budget))
 
 
 def _demo(rec: Any, task: str, source: str, group: str) -> Demo:

@@ -186,31 +186,37 @@ def draw_kinds(files: dict[str, str], seed: int, k: int) -> list[str]:
 
 
 class SlipThenRepair:
-    """One episode's policy: `inner`'s first turn with the `kind` slip written into it; after
-    the failed submit, the slip's repair and a submit; then a reply with no call (the end).
-    `seed` picks where the slip goes, so a replay writes the same one."""
+    """One episode's policy: `inner`'s first turn with the `kind` slip written into it, one call
+    a turn (as an LM with a turn cap writes, and as demos are rendered), ending in a submit the
+    probe fails. Then, by default, the slip's repair, one call a turn, and a submit: a demo. With
+    a `repairer` (any policy), it acts from the failed report on instead: its repair is what
+    benchmarks/repair_eval.py measures. `seed` picks where the slip goes, so a replay writes
+    the same one."""
 
-    def __init__(self, inner, kind: str, seed: int):
-        self.inner, self.kind, self.seed = inner, kind, seed
-        self.name, self.version = f"{inner.name}+{kind}", inner.version
+    def __init__(self, inner, kind: str, seed: int, repairer=None):
+        self.inner, self.kind, self.seed, self.repairer = inner, kind, seed, repairer
+        self.name = f"{inner.name}+{kind}" + (f"+{repairer.name}" if repairer else "")
+        self.version = (repairer or inner).version
         self.slip: Slip | None = None
-        self._turns = 0
+        self._script: list[ToolCall] | None = None  # the calls still to write, one a turn
 
     def act(self, obs: Observation) -> Turn:
-        self._turns += 1
-        if self._turns == 1:
-            turn = self.inner.act(obs)
-            calls = list(turn.message.tool_calls)
+        if self._script is None:
+            calls = list(self.inner.act(obs).message.tool_calls)
             self.slip = SLIPS[self.kind](written_files(calls), slip_rng(self.kind, self.seed))
             if self.slip is None:
                 raise ValueError(f"slip {self.kind!r} does not apply to this job")
             for i, c in enumerate(calls):
                 if c.name == "write_file" and c.arguments["path"] == self.slip.path:
                     calls[i] = ToolCall("write_file", {"path": self.slip.written_path,
-                                                       "content": self.slip.broken}, c.id)
-            return Turn(Message("assistant", turn.message.content, calls))
-        if self._turns == 2 and self.slip is not None:
-            calls = [*self.slip.repair, ToolCall("submit", {})]
-            return Turn(Message("assistant", "", [ToolCall(c.name, c.arguments, f"r{i}")
-                                                  for i, c in enumerate(calls)]))
-        return Turn(Message("assistant", ""))  # the repair did not pass: stop here
+                                                       "content": self.slip.broken})
+            if self.repairer is None:
+                calls += [*self.slip.repair, ToolCall("submit", {})]
+            self._script = calls
+        if self._script:
+            call = self._script.pop(0)
+            n = sum(m.role == "assistant" for m in obs.messages)
+            return Turn(Message("assistant", "", [ToolCall(call.name, call.arguments, f"s{n}")]))
+        if self.repairer is not None:
+            return self.repairer.act(obs)
+        return Turn(Message("assistant", ""))  # the scripted repair did not pass: stop here

@@ -33,6 +33,19 @@ def test_job_traits_read_model_knobs_rubrics_and_form(tmp_path):
     assert lm_arc.job_traits(tmp_path / "nothing")["base_model"] is None
 
 
+def test_repairs_count_episodes_that_resubmitted_and_those_that_then_passed():
+    def row(first_try, passed, submits):
+        return {"first_try": first_try, "passed": passed, "submits": submits, "reward": 0.0,
+                "quality": None, "base_model": "tiny-m", "knobs": [], "rubrics": [],
+                "malformed": 0}
+
+    rows = [row(True, True, 1), row(False, True, 2), row(False, False, 3), row(False, True, 3),
+            row(False, False, 1)]  # the last never resubmitted (its turns ran out)
+    s = lm_arc.summarize(rows, trained=False)
+    assert s["repairs"] == {"passed": 2, "of": 3} and s["first_try"]["rate"] == 0.2
+    assert "repaired 2/3" in lm_arc.fmt(s)
+
+
 def test_thirds_compare_first_and_last():
     assert lm_arc.thirds([0.0, 0.1, 0.2, 0.3, 0.4, 0.9]) == (pytest.approx(0.05),
                                                              pytest.approx(0.65))
