@@ -9,10 +9,11 @@ past int32, a broken TOML line, a copied `max_new_tokens = 1024`. `SLIPS` makes 
 
 `SlipThenRepair` replays a composer episode that passed on its first try (same seed, so the
 same job) with one slip written into one file. The real probe fails it and reports why; the
-next turn undoes exactly what the slip changed — `edit_file` of the broken line, or the file
-written at its right path and the wrong one deleted — and submits again. A demo of it pairs a
+next turns undo exactly what the slip changed — `edit_file` of the broken line, or the file
+written at its right path and the wrong one deleted — and submit again. A demo of it pairs a
 real report with the fix it points at; the slipped attempt is context, not a target
-(demos.failed_attempt_turns), so the clone learns the repair, not the slip.
+(demos.failed_attempt_turns), so the clone learns the repair, not the slip. Handed a
+`repairer`, the same replay measures another agent's repair (benchmarks/repair_eval.py).
 """
 
 from __future__ import annotations
