@@ -39,7 +39,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from nestor.sft.data import SFTSequence
 
@@ -90,6 +90,13 @@ class SFTConfig(BaseModel):
     checkpoint_every: int = Field(20, ge=1, description="Steps between resumable checkpoints.")
     device: str = Field("cpu", description="Torch device.")
     seed: int = Field(0, ge=0, description="Seed of data order and demos.")
+
+    @model_validator(mode="after")
+    def _slips_need_the_composer(self) -> SFTConfig:
+        if self.slips_per_job and not self.demos.startswith("composer:"):
+            raise ValueError(f"slips_per_job = {self.slips_per_job} replays jobs the composer "
+                             f"writes: use demos = composer:N, or drop it for {self.demos!r}")
+        return self
 
 
 def bc_loss(model, seq: SFTSequence) -> tuple[torch.Tensor, int, int]:

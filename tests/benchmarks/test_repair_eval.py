@@ -35,10 +35,10 @@ def test_uncaught_slips_are_not_cases_and_kinds_are_counted():
 def test_the_scripted_repairs_pass_and_a_bare_resubmit_fails(tmp_path, monkeypatch, capsys,
                                                             agent, rate):
     monkeypatch.setattr("sys.argv", [
-        "repair_eval.py", "--agent", agent, "--tasks", "dashes", "--kinds", "toml_quote",
-        "unterminated_string", "--concurrency", "2", "--out", str(tmp_path)])
+        "repair_eval.py", "--agent", agent, "--tasks", "dashes", "--kinds", "unterminated_string",
+        "--out", str(tmp_path)])
     repair_eval.main()
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["cases"] == 2 and report["rate"] == rate
-    assert set(report["by_kind"]) == {"toml_quote", "unterminated_string"}
-    assert report["first_call"] == ({"edit_file": 2} if agent == "scripted" else {"submit": 2})
+    assert report["cases"] == 1 and report["rate"] == rate
+    assert set(report["by_kind"]) == {"unterminated_string"}
+    assert report["first_call"] == ({"edit_file": 1} if agent == "scripted" else {"submit": 1})

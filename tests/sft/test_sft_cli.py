@@ -59,6 +59,9 @@ def test_sft_cli_errors_are_one_line(tmp_path):
     out = runner.invoke(app, ["sft", "--demos", str(tmp_path / "none.txt"), "--model", "tiny-m",
                               "--out", str(tmp_path / "p")])
     assert out.exit_code == 2 and "run directory" in out.output
+    out = runner.invoke(app, ["sft", "--demos", str(tmp_path), "--slips-per-job", "1",
+                              "--model", "tiny-m", "--out", str(tmp_path / "q")])
+    assert out.exit_code == 2 and "composer:N" in out.output and not (tmp_path / "q").exists()
 
 
 @pytest.mark.slow
