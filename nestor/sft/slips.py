@@ -18,6 +18,7 @@ real report with the fix it points at; the slipped attempt is context, not a tar
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Callable
@@ -53,16 +54,23 @@ def _edit(kind: str, path: str, text: str, line: str, broken_line: str) -> Slip 
     return Slip(kind, path, path, broken, (fix,))
 
 
-def _pick(rng: random.Random, options: list) -> object | None:
-    return rng.choice(options) if options else None
+def _module_slip(options_of: Callable[[str, str], list[tuple[str, str]]]):
+    """A slip that breaks one line of the taskset's module: `options_of(path, text)` lists the
+    (line, broken line) pairs it may write, and the slip's rng picks one."""
+    @functools.wraps(options_of)
+    def make(files: dict[str, str], rng: random.Random) -> Slip | None:
+        found = _module(files)
+        if found is None:
+            return None
+        path, text = found
+        options = options_of(path, text)
+        return _edit(options_of.__name__, path, text, *rng.choice(options)) if options else None
+    return make
 
 
-def unterminated_string(files: dict[str, str], rng: random.Random) -> Slip | None:
+@_module_slip
+def unterminated_string(path: str, text: str) -> list[tuple[str, str]]:
     """A string literal's closing quote dropped: the module no longer compiles."""
-    found = _module(files)
-    if found is None:
-        return None
-    path, text = found
     options = []
     for line in text.splitlines():
         m = re.search(r"\"[^\"\\\n]+\"|'[^'\\\n]+'", line)
@@ -72,16 +80,12 @@ def unterminated_string(files: dict[str, str], rng: random.Random) -> Slip | Non
                 compile(text.replace(line, broken_line, 1), path, "exec")
             except SyntaxError:
                 options.append((line, broken_line))
-    choice = _pick(rng, options)
-    return _edit("unterminated_string", path, text, *choice) if choice else None
+    return options
 
 
-def undefined_name(files: dict[str, str], rng: random.Random) -> Slip | None:
+@_module_slip
+def undefined_name(path: str, text: str) -> list[tuple[str, str]]:
     """One use of a variable misspelt (`pairs` -> `pair`): a NameError when the code runs."""
-    found = _module(files)
-    if found is None:
-        return None
-    path, text = found
     lines = text.splitlines()
     assigned = {m.group(1) for ln in lines if (m := re.match(r"\s+(\w{3,}) = ", ln))}
     options = []
@@ -92,8 +96,7 @@ def undefined_name(files: dict[str, str], rng: random.Random) -> Slip | None:
         for ln in lines:
             if re.search(rf"\b{name}\b", ln) and not re.match(rf"\s+{name} = ", ln):
                 options.append((ln, re.sub(rf"\b{name}\b", typo, ln, count=1)))
-    choice = _pick(rng, options)
-    return _edit("undefined_name", path, text, *choice) if choice else None
+    return options
 
 
 # attributes verifiers.v1 has, and a plausible misspelling of each that it has not
@@ -101,16 +104,11 @@ _VF_TYPOS = {"vf.Taskset[": "vf.TaskSet[", "vf.TaskData)": "vf.Taskdata)",
              "vf.reward(": "vf.rewards(", "vf.Trace)": "vf.Traces)"}  # (vf.trace is a module)
 
 
-def vf_attribute(files: dict[str, str], rng: random.Random) -> Slip | None:
+@_module_slip
+def vf_attribute(path: str, text: str) -> list[tuple[str, str]]:
     """A `vf.` name that verifiers does not have: the import fails with AttributeError."""
-    found = _module(files)
-    if found is None:
-        return None
-    path, text = found
-    options = [(ln, ln.replace(good, bad, 1)) for ln in text.splitlines()
-               for good, bad in _VF_TYPOS.items() if good in ln]
-    choice = _pick(rng, options)
-    return _edit("vf_attribute", path, text, *choice) if choice else None
+    return [(ln, ln.replace(good, bad, 1)) for ln in text.splitlines()
+            for good, bad in _VF_TYPOS.items() if good in ln]
 
 
 def wrong_path(files: dict[str, str], rng: random.Random) -> Slip | None:
