@@ -5,7 +5,9 @@ decisions and rewrites whole files — not fixes for the mistakes a small LM mak
 (docs/agents.md) repaired 0 of 25 second submits, each a resubmit of the first one's failure.
 Its first-submit failures were slips of typing, not of design: an unterminated string, an
 undefined name, a `vf.` attribute that does not exist, the package at the wrong path, a seed
-past int32, a broken TOML line, a copied `max_new_tokens = 1024`. `SLIPS` makes each of them.
+past int32, a broken TOML line, a copied `max_new_tokens = 1024`. Warm start 5's own first
+submits added two slips of the row generator: a drawn value used but never assigned (a NameError
+on `v1`) and a row that is the prompt alone (load() cannot unpack it). `SLIPS` makes each.
 
 `SlipThenRepair` replays a composer episode that passed on its first try (same seed, so the
 same job) with one slip written into one file. The real probe fails it and reports why; the
@@ -18,6 +20,7 @@ real report with the fix it points at; the slipped attempt is context, not a tar
 
 from __future__ import annotations
 
+import ast
 import functools
 import random
 import re
@@ -99,6 +102,50 @@ def undefined_name(path: str, text: str) -> list[tuple[str, str]]:
     return options
 
 
+def _rows_yield(text: str) -> tuple[list[ast.AST], ast.Yield] | None:
+    """(the statements of rows(), its yield) when the module has a `rows()` generator."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name == "rows":
+            found = next((n for n in ast.walk(fn) if isinstance(n, ast.Yield)), None)
+            return (list(ast.walk(fn)), found) if found and found.value else None
+    return None
+
+
+@_module_slip
+def dropped_draw(path: str, text: str) -> list[tuple[str, str]]:
+    """A value the row is made of never assigned (`v1 = ...` left out): a NameError when load()
+    runs. Repaired by writing the line back in above the one that followed it."""
+    found = _rows_yield(text)
+    if found is None:
+        return []
+    nodes, yielded = found
+    used = {n.id for n in ast.walk(yielded) if isinstance(n, ast.Name)}
+    lines = text.splitlines()
+    return [(f"{lines[n.lineno - 1]}\n{lines[n.lineno]}", lines[n.lineno]) for n in nodes
+            if isinstance(n, ast.Assign) and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name) and n.targets[0].id in used
+            and n.end_lineno == n.lineno < len(lines)]
+
+
+@_module_slip
+def prompt_only_row(path: str, text: str) -> list[tuple[str, str]]:
+    """A row yielded as its prompt alone, the answer left out: load()'s `for prompt, answer in
+    rows()` cannot unpack it (a row of the wrong shape)."""
+    found = _rows_yield(text)
+    if found is None or found[1].lineno != found[1].end_lineno:
+        return []
+    value = found[1].value
+    whole = ast.get_source_segment(text, value)
+    prompt = (ast.get_source_segment(text, value.elts[0])
+              if isinstance(value, ast.Tuple) and len(value.elts) == 2 else f"{whole}[0]")
+    line = text.splitlines()[found[1].lineno - 1]
+    return [(line, line.replace(whole, prompt, 1))]
+
+
 # attributes verifiers.v1 has, and a plausible misspelling of each that it has not
 _VF_TYPOS = {"vf.Taskset[": "vf.TaskSet[", "vf.TaskData)": "vf.Taskdata)",
              "vf.reward(": "vf.rewards(", "vf.Trace)": "vf.Traces)"}  # (vf.trace is a module)
@@ -163,7 +210,7 @@ def answer_cap(files: dict[str, str], rng: random.Random) -> Slip | None:
 
 SLIPS: dict[str, Callable[[dict[str, str], random.Random], Slip | None]] = {
     f.__name__: f for f in (unterminated_string, undefined_name, vf_attribute, wrong_path,
-                            seed_overflow, toml_quote, answer_cap)}
+                            seed_overflow, toml_quote, answer_cap, dropped_draw, prompt_only_row)}
 
 
 def written_files(calls: list[ToolCall]) -> dict[str, str]:

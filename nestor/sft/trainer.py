@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, Field, model_validator
 
 from nestor.sft.data import SFTSequence
+from nestor.sft.slips import SLIPS
 
 
 class SFTConfig(BaseModel):
@@ -55,7 +56,7 @@ class SFTConfig(BaseModel):
     passed_only: bool = Field(True, description="Keep demos whose job passed validation.")
     min_reward: float | None = Field(None, description="Keep demos with reward ≥ this.")
     best_of_group: bool = Field(False, description="Keep the best demo of each group only.")
-    slips_per_job: int = Field(0, ge=0, le=7, description="composer:N: replay each job that "
+    slips_per_job: int = Field(0, ge=0, le=len(SLIPS), description="composer:N: replay each job that "
                                "passed first try this many times, each with a different LM "
                                "slip and its repair (nestor/sft/slips.py): demos of fixing what "
                                "the probe reports.")

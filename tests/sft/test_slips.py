@@ -16,7 +16,8 @@ from nestor.tasks import TaskRegistry
 # a misspelt name fails whichever runs it first: load() or a reward
 FAILS = {"unterminated_string": {"imports"}, "vf_attribute": {"imports"},
          "undefined_name": {"load", "rewards_valid"}, "wrong_path": {"files"},
-         "seed_overflow": {"config"}, "toml_quote": {"config"}, "answer_cap": {"budget"}}
+         "seed_overflow": {"config"}, "toml_quote": {"config"}, "answer_cap": {"budget"},
+         "dropped_draw": {"load"}, "prompt_only_row": {"load"}}
 
 
 def composer_job(task: str, seed: int) -> dict[str, str]:
