@@ -103,7 +103,7 @@ def undefined_name(path: str, text: str) -> list[tuple[str, str]]:
 
 
 def _rows_yield(text: str) -> tuple[list[ast.AST], ast.Yield] | None:
-    """(the statements of rows(), its yield) when the module has a `rows()` generator."""
+    """(every node of `rows()`, its first yield) when the module has that generator."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
