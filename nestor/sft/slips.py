@@ -102,8 +102,8 @@ def undefined_name(path: str, text: str) -> list[tuple[str, str]]:
     return options
 
 
-def _rows_yield(text: str) -> tuple[list[ast.AST], ast.Yield] | None:
-    """(every node of `rows()`, its first yield) when the module has that generator."""
+def _rows_yield(text: str) -> tuple[ast.FunctionDef, ast.Yield] | None:
+    """(`rows()`, its first yield) when the module has that generator."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -111,7 +111,7 @@ def _rows_yield(text: str) -> tuple[list[ast.AST], ast.Yield] | None:
     for fn in tree.body:
         if isinstance(fn, ast.FunctionDef) and fn.name == "rows":
             found = next((n for n in ast.walk(fn) if isinstance(n, ast.Yield)), None)
-            return (list(ast.walk(fn)), found) if found and found.value else None
+            return (fn, found) if found and found.value else None
     return None
 
 
@@ -122,10 +122,10 @@ def dropped_draw(path: str, text: str) -> list[tuple[str, str]]:
     found = _rows_yield(text)
     if found is None:
         return []
-    nodes, yielded = found
+    fn, yielded = found
     used = {n.id for n in ast.walk(yielded) if isinstance(n, ast.Name)}
     lines = text.splitlines()
-    return [(f"{lines[n.lineno - 1]}\n{lines[n.lineno]}", lines[n.lineno]) for n in nodes
+    return [(f"{lines[n.lineno - 1]}\n{lines[n.lineno]}", lines[n.lineno]) for n in ast.walk(fn)
             if isinstance(n, ast.Assign) and len(n.targets) == 1
             and isinstance(n.targets[0], ast.Name) and n.targets[0].id in used
             and n.end_lineno == n.lineno < len(lines)]
