@@ -128,7 +128,8 @@ def score_dtype(model_dir: Path, device: str, dtype: str | None = None) -> str:
 def score_key(device: str) -> list[str]:
     """What changes a score besides the weights, task and dtype: the kind of device, on an
     accelerator its model (kernels and their rounding differ between GPU types), and the
-    versions of the libraries that compute it. Part of the pre-score cache key."""
+    versions of the libraries that compute it. Part of the pre-score cache key. Not the
+    thread count: greedy replies agree under one thread and two (tests/inner/test_evaluate.py)."""
     import tokenizers
     import torch
     import transformers

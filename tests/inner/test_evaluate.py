@@ -76,6 +76,25 @@ def test_pre_score_cache_is_keyed_by_what_changes_a_score(cache_dir, monkeypatch
     assert path() != before
 
 
+def test_the_thread_count_is_not_in_the_key_because_it_changes_no_score(tiny):
+    """Workers score under one thread, `nestor eval` under all: one cached pre-score serves
+    both only if their greedy replies agree token for token."""
+    import torch
+
+    model, tok = tiny
+    item_prompts = [ev.chat_prompt_ids(tok, i.prompt)
+                    for i in hidden_eval(TaskRegistry().get("reverse"), n=40).items]
+    replies, before = {}, torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            replies[threads] = sample(model, item_prompts, 12, eos_id=tok.eos_token_id,
+                                      pad_id=tok.pad_token_id, greedy=True).texts
+    finally:
+        torch.set_num_threads(before)
+    assert replies[1] == replies[2]
+
+
 def test_bad_names_raise_clear_errors(cache_dir):
     with pytest.raises(TaskError, match="unknown task"):
         ev.evaluate("tiny-s", ["nope"], n=20)
