@@ -42,7 +42,15 @@ def format_assistant(message: Message, fmt: ToolFormat = JSON) -> str:
 
 
 def parse_assistant(text: str, call_prefix: str = "call", fmt: ToolFormat = JSON,
-                    tools: list[dict[str, Any]] | None = None) -> tuple[Message, str | None]:
+                    tools: list[dict[str, Any]] | None = None,
+                    cut_at: int | None = None) -> tuple[Message, str | None]:
     """Split a sampled reply into prose and tool calls; the error (if any) says what to fix.
-    `tools` (the function schemas) types XML parameter values; JSON calls carry their own."""
-    return fmt.parse(text, call_prefix, tools)
+    `tools` (the function schemas) types XML parameter values; JSON calls carry their own.
+    `cut_at`: the turn's token cap, when the reply stopped there unfinished. Its error then
+    says so: a reply cut mid-call is most often a file too long for one turn or a loop, and
+    "unbalanced tags" alone does not tell the agent that (docs/agents.md, RL from warm start 5)."""
+    message, error = fmt.parse(text, call_prefix, tools)
+    if error is not None and cut_at:
+        error = (f"the reply reached the {cut_at}-token cap of one turn before it ended "
+                 f"(write a shorter file; do not repeat text): {error}")
+    return message, error

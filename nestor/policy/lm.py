@@ -267,8 +267,9 @@ class LMPolicy:
                 [t for t in actions if t != self.eos_id], skip_special_tokens=False)
             call_prefix = f"call_{self.turns_sampled}"
             self.turns_sampled += 1
+        cut = actions[-1:] != [self.eos_id]  # the sampler stops at eos or the turn's cap
         message, error = parse_assistant(text, call_prefix=call_prefix, fmt=self.tool_format,
-                                         tools=obs.tools)
+                                         tools=obs.tools, cut_at=self.max_new_tokens if cut else None)
         with self._lock:
             if error is not None:
                 self.malformed_calls += 1

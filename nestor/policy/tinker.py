@@ -234,8 +234,9 @@ class TinkerPolicy:
         with self._lock:
             text = self.tokenizer.decode([t for t in seq.tokens if t not in self.stop],
                                          skip_special_tokens=False)
-        message, error = parse_assistant(text, call_prefix=call_prefix, fmt=self.tool_format,
-                                         tools=obs.tools)
+        message, error = parse_assistant(
+            text, call_prefix=call_prefix, fmt=self.tool_format, tools=obs.tools,
+            cut_at=max_tokens if seq.stop_reason == "length" else None)
         if error is not None:
             with self._lock:
                 self.malformed_calls += 1

@@ -77,6 +77,23 @@ def test_act_records_tokens_and_counts_malformed(agent):
     assert bad.parse_error and agent.malformed_calls == before + 1
 
 
+def test_a_reply_cut_at_the_turn_cap_is_told_so(agent):
+    """The failure RL from warm start 5 showed: an env file looping until the turn's cap.
+    The error the agent reads names the cap only when the reply did not end on its own."""
+    ids = agent.tokenizer('<tool_call>{"name": "write_file", "arguments": {"content": "5555',
+                          add_special_tokens=False).input_ids
+    try:
+        agent.sample = lambda ctx: (ids, [0.0] * len(ids))  # no eos: stopped by the cap
+        cut = agent.act(obs())
+        agent.sample = lambda ctx: (ids + [agent.eos_id], [0.0] * (len(ids) + 1))
+        ended = agent.act(obs())
+    finally:
+        del agent.sample
+    assert cut.parse_error.startswith(f"the reply reached the {agent.max_new_tokens}-token cap")
+    assert "unbalanced" in cut.parse_error
+    assert ended.parse_error and "cap" not in ended.parse_error
+
+
 def test_masks_only_policy_tokens_carry_loss(agent):
     # A second turn: its context holds the first reply and a tool result; only the new
     # reply's tokens are actions, so the tool result's text is never scored.

@@ -118,6 +118,25 @@ def test_max_tokens_is_capped_by_the_context_window(policy):
         policy.sampler.sample(types.ModelInput.from_ints(policy.render(long)), 1, params)
 
 
+def test_a_reply_cut_at_the_turn_cap_is_told_so(policy, monkeypatch):
+    """As the lm policy: the service's stop_reason "length" puts the cap in the error."""
+    ids = policy.tokenizer('<tool_call>{"name": "write_file", "arguments": {"content": "55',
+                           add_special_tokens=False).input_ids
+
+    def fixed(reason: str, tokens: list[int]):
+        seq = types.SampledSequence(stop_reason=reason, sequence_id="s", _tokens_list=tokens,
+                                    _logprobs_list=[0.0] * len(tokens))
+        return SimpleNamespace(sample=lambda **kw: SimpleNamespace(
+            result=lambda: types.SampleResponse(sequences=[seq])))
+
+    monkeypatch.setattr(policy, "sampler", fixed("length", ids))
+    cut = policy.act(obs())
+    monkeypatch.setattr(policy, "sampler", fixed("stop", ids + policy.stop))
+    ended = policy.act(obs())
+    assert cut.parse_error.startswith("the reply reached the") and "-token cap" in cut.parse_error
+    assert ended.parse_error and "cap" not in ended.parse_error
+
+
 @pytest.mark.slow
 def test_turns_stop_at_the_templates_end_of_message(policy, monkeypatch):
     """A base model whose eos is not `<|im_end|>` (Qwen3 base: <|endoftext|>) runs past the
