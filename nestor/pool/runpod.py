@@ -148,7 +148,7 @@ def bootstrap_args(config: RunpodConfig, pod_type: PodType) -> tuple[str, dict[s
 
 class Provisioner:
     """Keeps the warm pool; see the module docstring. Thread-safe: `run()` may loop in a thread
-    while an exit or signal handler calls `shutdown()`."""
+    while another thread or the exit hook calls `shutdown()`; a signal handler only stops it."""
 
     def __init__(self, config: RunpodConfig, api: PodApi, run_dir: Path, *,
                  demand: Callable[[], int] | None = None,
@@ -166,6 +166,7 @@ class Provisioner:
         self._surplus_since: float | None = None
         self._counter = len(self.ledger.rows())
         self._stop = threading.Event()
+        self._signal: str | None = None  # set by a signal handler: the pods' end reason
 
     # --- state -------------------------------------------------------------------------------
     def live(self) -> list[PodRow]:
@@ -199,7 +200,13 @@ class Provisioner:
             previous = signal.getsignal(sig)
 
             def handler(signum, frame, previous=previous):
-                self.shutdown(signal.Signals(signum).name.lower())
+                # Only stop here: the pods are terminated once the interrupted frame has
+                # unwound (run()'s or the caller's `finally`, or the atexit hook). Terminating
+                # from the handler re-entered the cloud call the signal had landed in (a held
+                # flock, an HTTP client's pool lock) and deadlocked.
+                self._signal = signal.Signals(signum).name.lower()
+                self._stop.set()
+                self.closed = True  # a tick still in flight creates no pod
                 if callable(previous):
                     previous(signum, frame)
                 elif signum == signal.SIGINT:
@@ -210,8 +217,10 @@ class Provisioner:
             signal.signal(sig, handler)
 
     def shutdown(self, reason: str = "exit") -> None:
-        """Terminate every pod this session created. Idempotent (a later call retries what a
-        failed terminate left open); never raises: it runs from exit and signal handlers."""
+        """Terminate every pod this session created, for `reason` (or the signal that stopped
+        us). Idempotent (a later call retries what a failed terminate left open); never
+        raises: it runs from `finally` blocks and the exit hook."""
+        reason = self._signal or reason
         self._stop.set()
         with self._lock:
             self.closed = True

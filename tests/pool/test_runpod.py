@@ -8,6 +8,7 @@ that answers the SDK's GraphQL calls.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import fcntl
 import json
@@ -374,6 +375,48 @@ def test_sigint_terminates_pods(tmp_path):
     # Its own 3 pods are gone; only the orphan (never in its ledger) is left, for reap.
     assert [p["name"].endswith("orphan") for p in cloud.pods().values()] == [True]
 
+
+
+def test_a_signal_inside_a_cloud_call_terminates_after_it_unwinds(tmp_path):
+    """Ctrl-C landing inside a cloud call (one that holds a lock, as an HTTP client's pool or
+    FileCloud's flock does) must not call the cloud again from the handler: that deadlocked
+    (seen as a 30-s hang of test_sigint_terminates_pods in CI). The pods still all go."""
+    cloud = FileCloud(tmp_path / "cloud.json", {"NVIDIA A40": 9})
+    busy, reentered, sent, armed = threading.Lock(), [], [], threading.Event()
+
+    class OneCallAtATime:
+        def __getattr__(self, name):
+            def call(*args, **kwargs):
+                if not busy.acquire(timeout=2):  # held by the call the signal interrupted
+                    reentered.append(name)
+                    raise PodApiError(f"{name} re-entered a call in flight")
+                try:
+                    out = getattr(cloud, name)(*args, **kwargs)
+                    if name == "list" and armed.is_set() and not sent:  # Ctrl-C mid-call
+                        sent.append(True)
+                        os.kill(os.getpid(), signal.SIGINT)
+                        time.sleep(0.1)  # the handler runs here, inside the call
+                    return out
+                finally:
+                    busy.release()
+            return call
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    prov = Provisioner(RunpodConfig(ray_address="h:1", pod_types=[A40], max_pods=3),
+                       OneCallAtATime(), tmp_path / "run")
+    try:
+        prov.start()
+        prov.tick()  # three pods
+        armed.set()
+        with pytest.raises(KeyboardInterrupt):
+            prov.run()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        atexit.unregister(prov.shutdown)
+    assert sent and reentered == []
+    assert cloud.pods() == {}
+    assert {r.end_reason for r in PodLedger(tmp_path / "run").rows()} <= {"sigint"}
 
 # --- the real adapter, through the real SDK, against a local GraphQL stand-in -----------------
 
