@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from nestor.models.kv_cache import GrowingCache
+from nestor.models.loops import MAX_REPEAT_PERIOD, REPEAT_CHECK_EVERY, repeat_period
 from nestor.models.prefix_cache import PrefixCache
 
 
@@ -66,8 +67,13 @@ def decode(tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tenso
 def sample(model, prompts: list[list[int]], max_new_tokens: int, *, eos_id: int, pad_id: int,
            temperature: float = 1.0, greedy: bool = False,
            generator: torch.Generator | None = None, tokenizer=None,
-           prefix_cache: PrefixCache | None = None) -> Samples:
+           prefix_cache: PrefixCache | None = None, stop_repeats: int = 0) -> Samples:
     """Sample up to `max_new_tokens` per prompt; a row stops at its first `eos_id`.
+
+    `stop_repeats` > 0: a row also stops, without eos, once its last `stop_repeats` tokens or
+    more are one piece repeated (`repeat_period`) — a loop that would run to the cap.
+    Stopping depends only on tokens already sampled, so the logprobs stay those of the
+    sampling distribution, as at the cap.
 
     `tokenizer` decodes `texts`; by default the one `load_model` attached to the model.
     `prefix_cache`: the prefix all prompts share is taken from (and added to) it; only the
@@ -127,6 +133,11 @@ def sample(model, prompts: list[list[int]], max_new_tokens: int, *, eos_id: int,
         logprobs[active, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
         steps = t + 1
         running = tok != eos_id  # [A]
+        if stop_repeats and steps >= stop_repeats and steps % REPEAT_CHECK_EVERY == 0:
+            window = max(stop_repeats, 3 * MAX_REPEAT_PERIOD)  # the longest tail a loop needs
+            tails = completion_ids[active, max(0, steps - window):steps].tolist()  # A lists
+            looped = [repeat_period(tail, stop_repeats) is not None for tail in tails]
+            running &= ~torch.tensor(looped, device=device)
         if t == max_new_tokens - 1 or not bool(running.any()):
             break
         if not bool(running.all()):

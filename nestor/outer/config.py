@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from nestor.agent.reward import RewardConfig
 from nestor.config import validation_problems
+from nestor.models.loops import LOOP_MIN_SPAN
 from nestor.outer.tracking import LoggingConfig
 
 
@@ -41,6 +42,10 @@ class PolicyConfig(_Section):
     max_new_tokens: int | None = Field(
         None, ge=1, le=32768, description="lm: token cap per turn; default a quarter of the "
         "model's context, within 256..4096 (a turn may write a whole dataset file).")
+    stop_repeats: int = Field(
+        LOOP_MIN_SPAN, ge=0, le=32768, description="lm: end a reply, unfinished, once its last "
+        "N tokens or more are one piece (of up to 128 tokens) repeated three times or more — a "
+        "loop that would run to the turn's cap; the agent is told so. 0: never.")
     device: str = Field("cpu", description="lm: torch device of the policy model.")
     tool_format: Literal["auto", "json", "qwen3_5"] = Field(
         "auto", description="lm, tinker: how the model writes tool calls: json (Qwen3, Hermes) or "

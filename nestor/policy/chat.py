@@ -43,14 +43,18 @@ def format_assistant(message: Message, fmt: ToolFormat = JSON) -> str:
 
 def parse_assistant(text: str, call_prefix: str = "call", fmt: ToolFormat = JSON,
                     tools: list[dict[str, Any]] | None = None,
-                    cut_at: int | None = None) -> tuple[Message, str | None]:
+                    cut_at: int | None = None,
+                    repeated: int | None = None) -> tuple[Message, str | None]:
     """Split a sampled reply into prose and tool calls; the error (if any) says what to fix.
     `tools` (the function schemas) types XML parameter values; JSON calls carry their own.
-    `cut_at`: the turn's token cap, when the reply stopped there unfinished. Its error then
-    says so: a reply cut mid-call is most often a file too long for one turn or a loop, and
-    "unbalanced tags" alone does not tell the agent that (docs/agents.md, RL from warm start 5)."""
+    `cut_at`: the turn's token cap, when the reply stopped unfinished — there, or (`repeated`:
+    the loop's period) in a loop of one piece, before or at the cap. Its error then says so:
+    a reply cut mid-call is most often a loop or a file too long for one turn, and "unbalanced
+    tags" alone does not tell the agent that (docs/agents.md, RL from warm start 5)."""
     message, error = fmt.parse(text, call_prefix, tools)
     if error is not None and cut_at:
-        error = (f"the reply reached the {cut_at}-token cap of one turn before it ended "
-                 f"(write a shorter file; do not repeat text): {error}")
+        why = (f"the reply was stopped unfinished: it repeated one {repeated}-token piece over "
+               "and over" if repeated else
+               f"the reply reached the {cut_at}-token cap of one turn before it ended")
+        error = f"{why} (write each file once, shorter; do not repeat text): {error}"
     return message, error

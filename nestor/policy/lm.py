@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from nestor.models.loops import LOOP_MIN_SPAN, repeat_period
 from nestor.models.prefix_cache import PrefixCache
 from nestor.models.sampler import sample
 from nestor.policy.base import Observation, TrainItem, Turn
@@ -95,7 +96,8 @@ class LMPolicy:
                  act_batch_size: int = 8, act_batch_window_s: float = 0.01,
                  response_prefix: str = "", gradient_checkpointing: bool = True,
                  prefix_cache_tokens: int = 8192, extend_contexts: bool = True,
-                 merge_lora: bool = True, tool_format: str = "auto"):
+                 merge_lora: bool = True, tool_format: str = "auto",
+                 stop_repeats: int = LOOP_MIN_SPAN):
         from peft import LoraConfig, get_peft_model
 
         if tokenizer.chat_template is None:
@@ -132,6 +134,7 @@ class LMPolicy:
         self.tokenizer = tokenizer
         self.tool_format = tool_format_for(tokenizer, tool_format)  # how replies call tools
         self.temperature = temperature
+        self.stop_repeats = stop_repeats  # a reply stuck in a loop ends early (sampler.py)
         # Text every reply starts with, put in the context after the generation prompt (so it is
         # never an action and never trained on) and in front of the decoded reply: e.g.
         # '<tool_call>{"name": "' gets a small model that never calls a tool to at least try.
@@ -225,7 +228,7 @@ class LMPolicy:
         out = sample(self._model, contexts, self.max_new_tokens, eos_id=self.eos_id,
                      pad_id=self.tokenizer.pad_token_id, temperature=self.temperature,
                      generator=self.generator, tokenizer=_LockedDecoder(self.tokenizer, self._lock),
-                     prefix_cache=self.prefix_cache)
+                     prefix_cache=self.prefix_cache, stop_repeats=self.stop_repeats)
         keep = out.completion_mask  # [B, T] True on sampled tokens, eos included
         return [(out.completion_ids[b][keep[b]].tolist(), out.logprobs[b][keep[b]].tolist())
                 for b in range(len(contexts))]
@@ -267,9 +270,11 @@ class LMPolicy:
                 [t for t in actions if t != self.eos_id], skip_special_tokens=False)
             call_prefix = f"call_{self.turns_sampled}"
             self.turns_sampled += 1
-        cut = actions[-1:] != [self.eos_id]  # the sampler stops at eos or the turn's cap
+        cut = actions[-1:] != [self.eos_id]  # the sampler stops at eos, a loop or the cap
+        looped = repeat_period(actions, self.stop_repeats) if cut and self.stop_repeats else None
         message, error = parse_assistant(text, call_prefix=call_prefix, fmt=self.tool_format,
-                                         tools=obs.tools, cut_at=self.max_new_tokens if cut else None)
+                                         tools=obs.tools, cut_at=self.max_new_tokens if cut else None,
+                                         repeated=looped)
         with self._lock:
             if error is not None:
                 self.malformed_calls += 1

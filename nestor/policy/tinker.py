@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from tinker import types
 
+from nestor.models.loops import LOOP_MIN_SPAN, repeat_period
 from nestor.policy.base import Observation, TrainItem, Turn
 from nestor.policy.chat import parse_assistant, to_hf_messages
 from nestor.policy.is_loss import DEFAULT_TIS_CAP, importance_sampling_loss
@@ -234,9 +235,11 @@ class TinkerPolicy:
         with self._lock:
             text = self.tokenizer.decode([t for t in seq.tokens if t not in self.stop],
                                          skip_special_tokens=False)
+        cut = seq.stop_reason == "length"  # the service cannot stop a loop early: say so after
         message, error = parse_assistant(
             text, call_prefix=call_prefix, fmt=self.tool_format, tools=obs.tools,
-            cut_at=max_tokens if seq.stop_reason == "length" else None)
+            cut_at=max_tokens if cut else None,
+            repeated=repeat_period(seq.tokens, LOOP_MIN_SPAN) if cut else None)
         if error is not None:
             with self._lock:
                 self.malformed_calls += 1

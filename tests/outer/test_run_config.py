@@ -85,8 +85,9 @@ def test_lm_memory_knobs_reach_the_policy():
         parse_run_config({"tasks": ["reverse"], "policy": {"kind": "lm", "dtype": "fp8"}})
     cfg = parse_run_config({"tasks": ["reverse"], "learning_rate": 1e-3, "policy": {
         "kind": "lm", "model": "tiny-m", "max_context": 1024, "max_new_tokens": 64,
-        "gradient_checkpointing": False, "prefix_cache_tokens": 0, "extend_contexts": False}})
+        "gradient_checkpointing": False, "prefix_cache_tokens": 0, "extend_contexts": False,
+        "stop_repeats": 0}})
     policy = make_policy(cfg)
-    assert policy.max_context == 1024 and policy.max_new_tokens == 64
+    assert policy.max_context == 1024 and policy.max_new_tokens == 64 and policy.stop_repeats == 0
     assert not policy.gradient_checkpointing and policy.prefix_cache is None
     assert not policy.contexts.extend

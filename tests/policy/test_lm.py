@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from nestor.models.loops import repeat_period
 from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
 from nestor.policy.chat import parse_assistant
 from nestor.policy.lm import LMPolicy
@@ -92,6 +93,26 @@ def test_a_reply_cut_at_the_turn_cap_is_told_so(agent):
     assert cut.parse_error.startswith(f"the reply reached the {agent.max_new_tokens}-token cap")
     assert "unbalanced" in cut.parse_error
     assert ended.parse_error and "cap" not in ended.parse_error
+
+
+def test_a_looping_reply_stops_early_on_the_tokens_it_would_have_sampled():
+    """A random tiny model, near-greedy, repeats one character inside an unclosed call. With
+    `stop_repeats` the sampler ends the reply once the loop spans that many tokens, and the
+    error names the loop; without, it runs to the cap. Stopping changes nothing sampled: the
+    stopped reply is the uncapped one's start, token for token and logprob for logprob."""
+    def agent_(stop_repeats: int) -> LMPolicy:
+        return tiny_agent(bundled=False, max_new_tokens=200, temperature=0.05,
+                          stop_repeats=stop_repeats, response_prefix='<tool_call>{"name": "')
+
+    stopped, capped = agent_(16).act(obs()), agent_(0).act(obs())
+    n = len(stopped.action_ids)
+    assert len(capped.action_ids) == 200 and 16 <= n < 200
+    assert repeat_period(stopped.action_ids, 16) is not None
+    assert stopped.action_ids == capped.action_ids[:n]
+    assert stopped.sample_logprobs == pytest.approx(capped.sample_logprobs[:n], abs=1e-6)
+    assert stopped.parse_error.startswith("the reply was stopped unfinished: it repeated one")
+    assert capped.parse_error.startswith("the reply reached the 200-token cap")
+    assert "unbalanced" in stopped.parse_error and "unbalanced" in capped.parse_error
 
 
 def test_masks_only_policy_tokens_carry_loss(agent):

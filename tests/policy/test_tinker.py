@@ -119,7 +119,8 @@ def test_max_tokens_is_capped_by_the_context_window(policy):
 
 
 def test_a_reply_cut_at_the_turn_cap_is_told_so(policy, monkeypatch):
-    """As the lm policy: the service's stop_reason "length" puts the cap in the error."""
+    """As the lm policy: the service's stop_reason "length" puts the cap, or the loop that ran
+    into it, in the error."""
     ids = policy.tokenizer('<tool_call>{"name": "write_file", "arguments": {"content": "55',
                            add_special_tokens=False).input_ids
 
@@ -133,8 +134,11 @@ def test_a_reply_cut_at_the_turn_cap_is_told_so(policy, monkeypatch):
     cut = policy.act(obs())
     monkeypatch.setattr(policy, "sampler", fixed("stop", ids + policy.stop))
     ended = policy.act(obs())
+    monkeypatch.setattr(policy, "sampler", fixed("length", ids + ids[-1:] * 60))
+    looped = policy.act(obs())  # cut at the cap in a loop: the error names the loop
     assert cut.parse_error.startswith("the reply reached the") and "-token cap" in cut.parse_error
     assert ended.parse_error and "cap" not in ended.parse_error
+    assert looped.parse_error.startswith("the reply was stopped unfinished: it repeated one")
 
 
 @pytest.mark.slow
