@@ -14,7 +14,8 @@ Phases (configs/lm-arc.toml; every phase's files under --out):
    quality are n/a).
 It prints per arm (per seed for RL) and pooled: first-try validation rate, validation rate,
 job quality and reward, with 95% intervals (Wilson for rates, normal for means); the RL reward's
-first third → last third per seed; what moved in the jobs (base-model share, config knobs
+first third → last third per seed, and its first half → second half of first-try jobs and
+malformed turns; what moved in the jobs (base-model share, config knobs
 written, rubric forms); held-out transfer (RL-trained vs warm-started arm); one figure
 (OUT/lm_arc.png). Last line: one JSON object.
 
@@ -208,7 +209,7 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
     return {**summary, "wall_s": round(time.time() - t0, 1), "cached": False}
 
 
-def rl(args, config, out: Path, adapter: Path, seed: int) -> tuple[Path, list[float]]:
+def rl(args, config, out: Path, adapter: Path, seed: int) -> tuple[Path, list[dict]]:
     from nestor.outer.config import parse_run_config
     from nestor.outer.metrics import read_jsonl
     from nestor.outer.run import train
@@ -226,9 +227,8 @@ def rl(args, config, out: Path, adapter: Path, seed: int) -> tuple[Path, list[fl
         train(cfg, run_dir)
     elif len(read_jsonl(run_dir / "metrics.jsonl")) < args.rl_steps:
         train(cfg, run_dir, resume=True)
-    rewards = [r["reward_mean"] for r in read_jsonl(run_dir / "metrics.jsonl")
-               if r.get("reward_mean") is not None]
-    return run_dir, rewards
+    return run_dir, [r for r in read_jsonl(run_dir / "metrics.jsonl")
+                     if r.get("reward_mean") is not None]
 
 
 def thirds(xs: list[float]) -> tuple[float | None, float | None]:
@@ -236,6 +236,18 @@ def thirds(xs: list[float]) -> tuple[float | None, float | None]:
         return None, None
     k = max(1, len(xs) // 3)
     return statistics.fmean(xs[:k]), statistics.fmean(xs[-k:])
+
+
+def halves(steps: list[dict]) -> dict[str, list]:
+    """What changed from the RL run's first half of steps to its second: jobs valid on the first
+    submit [k, n] and malformed turns, each half (metrics.jsonl rows)."""
+    k = len(steps) // 2
+    out: dict[str, list] = {"first_try": [], "malformed_turns": []}
+    for half in (steps[:k], steps[k:]):
+        out["first_try"].append([round(sum(r["first_try_pass_rate"] * r["episodes"] for r in half)),
+                                 sum(r["episodes"] for r in half)])
+        out["malformed_turns"].append(sum(r.get("malformed_tool_calls", 0) for r in half))
+    return out
 
 
 def figure(out: Path, arms: dict[str, dict], curves: dict[int, list[float]]) -> Path | None:
@@ -355,6 +367,7 @@ def main() -> None:
     arms: dict[str, dict] = {}
     rows: dict[str, dict[str, list]] = {}
     curves: dict[int, list[float]] = {}
+    split: dict[int, dict[str, list]] = {}
     try:
         if "warm" not in args.skip:
             sft = warm_start(args, config, out)
@@ -404,10 +417,13 @@ def main() -> None:
             from nestor.outer.checkpoint import latest_checkpoint
 
             for seed in args.seeds:
-                run_dir, curves[seed] = rl(args, config, out, out / "sft", seed)
+                run_dir, steps = rl(args, config, out, out / "sft", seed)
+                curves[seed] = [r["reward_mean"] for r in steps]
+                split[seed] = halves(steps)
                 first, last = thirds(curves[seed])
                 print(f"RL seed {seed}: reward first third {first} → last third {last} "
-                      f"({len(curves[seed])} steps)")
+                      f"({len(steps)} steps); first-try valid by half {split[seed]['first_try']}, "
+                      f"malformed turns {split[seed]['malformed_turns']}")
                 policy = make_policy(warm_cfg)
                 policy.load(latest_checkpoint(run_dir) / "policy")
                 evaluate(f"rl-s{seed}", policy, seed)
@@ -422,6 +438,7 @@ def main() -> None:
             print(f"{'rl-pooled':>14} {split:>7}: {fmt(arms['rl-pooled'][split])}")
     report["arms"] = arms
     report["rl_reward_thirds"] = {s: thirds(c) for s, c in curves.items()}
+    report["rl_halves"] = split
     report["rl_lifted_seeds"] = sum(1 for f, la in report["rl_reward_thirds"].values()
                                     if f is not None and la > f)
     if rl_arms and "warm-started" in arms:

@@ -52,6 +52,12 @@ def test_thirds_compare_first_and_last():
     assert lm_arc.thirds([]) == (None, None)
 
 
+def test_halves_count_first_try_jobs_and_malformed_turns_per_half():
+    steps = [{"episodes": 4, "first_try_pass_rate": r, "malformed_tool_calls": m}
+             for r, m in [(0.5, 0), (0.75, 2), (0.25, 5), (0.0, 9), (0.5, 1)]]
+    assert lm_arc.halves(steps) == {"first_try": [[5, 8], [3, 12]], "malformed_turns": [2, 15]}
+
+
 def test_demo_tasks_default_to_the_runs_and_all_means_every_training_task():
     from argparse import Namespace
 
