@@ -367,7 +367,7 @@ def main() -> None:
     arms: dict[str, dict] = {}
     rows: dict[str, dict[str, list]] = {}
     curves: dict[int, list[float]] = {}
-    split: dict[int, dict[str, list]] = {}
+    by_half: dict[int, dict[str, list]] = {}
     try:
         if "warm" not in args.skip:
             sft = warm_start(args, config, out)
@@ -419,11 +419,11 @@ def main() -> None:
             for seed in args.seeds:
                 run_dir, steps = rl(args, config, out, out / "sft", seed)
                 curves[seed] = [r["reward_mean"] for r in steps]
-                split[seed] = halves(steps)
+                by_half[seed] = halves(steps)
                 first, last = thirds(curves[seed])
                 print(f"RL seed {seed}: reward first third {first} → last third {last} "
-                      f"({len(steps)} steps); first-try valid by half {split[seed]['first_try']}, "
-                      f"malformed turns {split[seed]['malformed_turns']}")
+                      f"({len(steps)} steps); first-try valid by half {by_half[seed]['first_try']}, "
+                      f"malformed turns {by_half[seed]['malformed_turns']}")
                 policy = make_policy(warm_cfg)
                 policy.load(latest_checkpoint(run_dir) / "policy")
                 evaluate(f"rl-s{seed}", policy, seed)
@@ -438,7 +438,7 @@ def main() -> None:
             print(f"{'rl-pooled':>14} {split:>7}: {fmt(arms['rl-pooled'][split])}")
     report["arms"] = arms
     report["rl_reward_thirds"] = {s: thirds(c) for s, c in curves.items()}
-    report["rl_halves"] = split
+    report["rl_halves"] = by_half
     report["rl_lifted_seeds"] = sum(1 for f, la in report["rl_reward_thirds"].values()
                                     if f is not None and la > f)
     if rl_arms and "warm-started" in arms:
