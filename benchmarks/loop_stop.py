@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from nestor.models.loops import LOOP_MIN_SPAN, REPEAT_CHECK_EVERY, repeat_period
+from nestor.models.loops import LOOP_MIN_SPAN, MAX_REPEAT_PERIOD, REPEAT_CHECK_EVERY, repeat_period
 
 
 def first_stop(ids: list[int], min_span: int) -> int | None:
@@ -68,7 +68,7 @@ def check_cost_us(n_tokens: int = 640, repeats: int = 20) -> float:
     t0 = time.perf_counter()
     for _ in range(repeats):
         for n in range(REPEAT_CHECK_EVERY, n_tokens + 1, REPEAT_CHECK_EVERY):
-            repeat_period(ids[max(0, n - 384):n], LOOP_MIN_SPAN)
+            repeat_period(ids[max(0, n - 3 * MAX_REPEAT_PERIOD):n], LOOP_MIN_SPAN)
     return (time.perf_counter() - t0) / (repeats * n_tokens) * 1e6
 
 
