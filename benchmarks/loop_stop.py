@@ -19,13 +19,13 @@ import statistics
 import time
 from pathlib import Path
 
-from nestor.models.loops import LOOP_MIN_SPAN, MAX_REPEAT_PERIOD, REPEAT_CHECK_EVERY, repeat_period
+from nestor.models.loops import LOOP_MIN_SPAN, check_window, is_check_point, repeat_period
 
 
 def first_stop(ids: list[int], min_span: int) -> int | None:
     """Where the sampler would have ended this reply (its length then), or None."""
-    for n in range(REPEAT_CHECK_EVERY, len(ids) + 1, REPEAT_CHECK_EVERY):
-        if n >= min_span and repeat_period(ids[:n], min_span) is not None:
+    for n in range(1, len(ids) + 1):
+        if is_check_point(n, min_span) and repeat_period(ids[:n], min_span) is not None:
             return n
     return None
 
@@ -67,8 +67,9 @@ def check_cost_us(n_tokens: int = 640, repeats: int = 20) -> float:
     ids = list(range(n_tokens))
     t0 = time.perf_counter()
     for _ in range(repeats):
-        for n in range(REPEAT_CHECK_EVERY, n_tokens + 1, REPEAT_CHECK_EVERY):
-            repeat_period(ids[max(0, n - 3 * MAX_REPEAT_PERIOD):n], LOOP_MIN_SPAN)
+        for n in range(1, n_tokens + 1):
+            if is_check_point(n, LOOP_MIN_SPAN):
+                repeat_period(ids[max(0, n - check_window(LOOP_MIN_SPAN)):n], LOOP_MIN_SPAN)
     return (time.perf_counter() - t0) / (repeats * n_tokens) * 1e6
 
 

@@ -12,6 +12,16 @@ MAX_REPEAT_PERIOD = 128  # the longest repeated piece looked for (a docstring, a
 REPEAT_CHECK_EVERY = 8  # tokens between the sampler's checks: each is Python over a row's tail
 
 
+def is_check_point(steps: int, min_span: int) -> bool:
+    """Whether the sampler looks for a loop after `steps` sampled tokens."""
+    return steps >= min_span and steps % REPEAT_CHECK_EVERY == 0
+
+
+def check_window(min_span: int) -> int:
+    """The longest tail `repeat_period` can need: the sampler passes no more than this."""
+    return max(min_span, 3 * MAX_REPEAT_PERIOD)
+
+
 def repeat_period(ids: Sequence[int], min_span: int,
                   max_period: int = MAX_REPEAT_PERIOD) -> int | None:
     """The shortest period p <= max_period with which `ids` ends in one piece repeated: its last

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from nestor.models.kv_cache import GrowingCache
-from nestor.models.loops import MAX_REPEAT_PERIOD, REPEAT_CHECK_EVERY, repeat_period
+from nestor.models.loops import check_window, is_check_point, repeat_period
 from nestor.models.prefix_cache import PrefixCache
 
 
@@ -133,8 +133,8 @@ def sample(model, prompts: list[list[int]], max_new_tokens: int, *, eos_id: int,
         logprobs[active, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
         steps = t + 1
         running = tok != eos_id  # [A]
-        if stop_repeats and steps >= stop_repeats and steps % REPEAT_CHECK_EVERY == 0:
-            window = max(stop_repeats, 3 * MAX_REPEAT_PERIOD)  # the longest tail a loop needs
+        if stop_repeats and is_check_point(steps, stop_repeats):
+            window = check_window(stop_repeats)
             tails = completion_ids[active, max(0, steps - window):steps].tolist()  # A lists
             looped = [repeat_period(tail, stop_repeats) is not None for tail in tails]
             running &= ~torch.tensor(looped, device=device)
