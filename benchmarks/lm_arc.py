@@ -16,73 +16,35 @@ It prints per arm (per seed for RL) and pooled: first-try validation rate, valid
 job quality and reward, with 95% intervals (Wilson for rates, normal for means); the RL reward's
 first third → last third per seed, and its first half → second half of first-try jobs and
 malformed turns; what moved in the jobs (base-model share, config knobs
-written, rubric forms); held-out transfer (RL-trained vs warm-started arm); one figure
-(OUT/lm_arc.png). Last line: one JSON object.
+written, rubric forms); held-out transfer (RL-trained vs warm-started arm, Fisher exact p); one
+figure (OUT/lm_arc.png). Last line: one JSON object.
+
+The phases can run apart (a seed a session, an arm on another machine):
+benchmarks/lm_arc_report.py prints the same tables from what their directories recorded.
 
 Full spec:  python benchmarks/lm_arc.py --seeds 0 1 2 --rl-steps 10 --demos-per-task 8
 Small run:  python benchmarks/lm_arc.py --seeds 0 --rl-steps 2 --demos-per-task 1 \
                 --sft-steps 10 --eval-episodes 1 --heldout-episodes 1 --validate-only
+Report:     python benchmarks/lm_arc_report.py runs/lm-arc6 runs/lm-arc6-s1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
-import statistics
 import sys
 import time
-import tomllib
 import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report, beside this script
+from lm_arc_report import conclude, episode_row, fmt, num, rl_summary, summarize  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "lm-arc.toml"
-TRAINED_ENDS = ("ok", "job_failed", "not_trained")
-
-
-# ---- statistics ---------------------------------------------------------------------------
-
-def wilson(k: int, n: int) -> tuple[float | None, float | None, float | None]:
-    if n == 0:
-        return None, None, None
-    p, z = k / n, 1.96
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return p, max(0.0, centre - half), min(1.0, centre + half)
-
-
-def mean_ci(xs: list[float]) -> tuple[float | None, float | None, float | None]:
-    if not xs:
-        return None, None, None
-    m = statistics.fmean(xs)
-    half = 1.96 * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
-    return m, m - half, m + half
-
-
-# ---- what a written job holds (files read as data, never run) ----------------------------
-
-def job_traits(ep_dir: Path) -> dict[str, Any]:
-    attempts = sorted(ep_dir.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
-    job = ep_dir / "job" if (ep_dir / "job").is_dir() else (attempts[-1] if attempts else None)
-    out: dict[str, Any] = {"base_model": None, "knobs": [], "rubrics": [], "short_form": None}
-    if job is None:
-        return out
-    try:
-        cfg = tomllib.loads((job / "config.toml").read_text(encoding="utf-8"))
-        out["base_model"] = cfg.get("base_model", "tiny-m")
-        out["knobs"] = sorted(k for k in cfg if k != "base_model")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        pass
-    for init in job.glob("env/*/__init__.py"):
-        text = init.read_text(encoding="utf-8", errors="replace")
-        out["rubrics"] = re.findall(r"@vf\.reward\([^)]*\)\s*(?:async\s+)?def\s+(\w+)", text)
-    out["short_form"] = not (job / "data" / "train.jsonl").is_file()
-    return out
 
 
 # ---- one arm: episodes of a policy --------------------------------------------------------
@@ -102,14 +64,9 @@ def run_arm(policy, name: str, config, out: Path, tasks: list[str], episodes: in
         ref = reg.get(task)
         rec = run_episode(policy, ref.spec(cfg.difficulty), pool, ledger, cfg,
                           seed=seed * 7919 + zlib.crc32(task.encode()) % 1000 * 31 + i)
-        c = rec.components
-        row = {"arm": name, "task": task, "family": ref.family.name, "end": rec.end_reason,
-               "first_try": float(c.get("validation_efficiency", 0.0)) >= 1.0,
-               "passed": rec.end_reason in TRAINED_ENDS, "reward": rec.reward,
-               "quality": c.get("quality"), "trained": pool is not None,
-               "turns": len(rec.turns), "malformed": sum(bool(t.parse_error) for t in rec.turns),
-               "submits": rec.attempts,
-               **job_traits(ledger.run_dir / "episodes" / rec.id)}
+        row = episode_row(name, task, ref.family.name, rec.end_reason, rec.components,
+                          rec.reward, rec.attempts, [t.parse_error for t in rec.turns],
+                          ledger.run_dir / "episodes" / rec.id)
         print(f"  [{name}] {task}: {rec.end_reason}, first_try={row['first_try']}, "
               f"reward {rec.reward:.3f}", file=sys.stderr, flush=True)
         return row
@@ -119,45 +76,6 @@ def run_arm(policy, name: str, config, out: Path, tasks: list[str], episodes: in
             return list(ex.map(one, jobs))
     finally:
         ledger.close()
-
-
-def summarize(rows: list[dict[str, Any]], trained: bool) -> dict[str, Any]:
-    n = len(rows)
-    out: dict[str, Any] = {"n": n}
-    for key in ("first_try", "passed"):
-        p, lo, hi = wilson(sum(r[key] for r in rows), n)
-        out[key] = {"rate": p, "ci95": [lo, hi]}
-    for key in ("reward", "quality"):
-        if trained:
-            m, lo, hi = mean_ci([float(r[key] or 0.0) for r in rows])
-            out[key] = {"mean": m, "ci95": [lo, hi]}
-        else:
-            out[key] = None  # jobs were validated, not trained
-    models = [r["base_model"] for r in rows if r["base_model"]]
-    out["tiny_m_share"] = models.count("tiny-m") / len(models) if models else None
-    out["knobs_written_mean"] = statistics.fmean(len(r["knobs"]) for r in rows) if rows else None
-    forms: dict[str, int] = {}
-    for r in rows:
-        for f in r["rubrics"]:
-            forms[f] = forms.get(f, 0) + 1
-    out["rubric_forms"] = forms
-    out["malformed_turns"] = sum(r["malformed"] for r in rows)
-    # an episode ends at its first passing submit, so a second submit means the first failed
-    resubmitted = [r for r in rows if r.get("submits", 0) >= 2]
-    out["repairs"] = {"passed": sum(r["passed"] for r in resubmitted), "of": len(resubmitted)}
-    return out
-
-
-def fmt(s: dict[str, Any]) -> str:
-    def rate(d):
-        return "n/a" if d["rate"] is None else f"{d['rate']:.2f} [{d['ci95'][0]:.2f},{d['ci95'][1]:.2f}]"
-
-    def mean(d):
-        return "n/a" if d is None else f"{d['mean']:.3f} [{d['ci95'][0]:.3f},{d['ci95'][1]:.3f}]"
-
-    return (f"n={s['n']:3d}  first-try {rate(s['first_try'])}  valid {rate(s['passed'])}  "
-            f"repaired {s['repairs']['passed']}/{s['repairs']['of']}  "
-            f"quality {mean(s['quality'])}  reward {mean(s['reward'])}")
 
 
 # ---- phases -------------------------------------------------------------------------------
@@ -209,7 +127,8 @@ def warm_start(args, config, out: Path) -> dict[str, Any]:
     return {**summary, "wall_s": round(time.time() - t0, 1), "cached": False}
 
 
-def rl(args, config, out: Path, adapter: Path, seed: int) -> tuple[Path, list[dict]]:
+def rl(args, config, out: Path, adapter: Path, seed: int) -> Path:
+    from nestor.outer.checkpoint import latest_checkpoint
     from nestor.outer.config import parse_run_config
     from nestor.outer.metrics import read_jsonl
     from nestor.outer.run import train
@@ -221,65 +140,11 @@ def rl(args, config, out: Path, adapter: Path, seed: int) -> tuple[Path, list[di
     if args.group_size:
         raw["group_size"] = args.group_size
     cfg = parse_run_config(raw, "lm-arc")
-    from nestor.outer.checkpoint import latest_checkpoint
-
     if latest_checkpoint(run_dir) is None or not (run_dir / "metrics.jsonl").is_file():
         train(cfg, run_dir)
     elif len(read_jsonl(run_dir / "metrics.jsonl")) < args.rl_steps:
         train(cfg, run_dir, resume=True)
-    return run_dir, [r for r in read_jsonl(run_dir / "metrics.jsonl")
-                     if r.get("reward_mean") is not None]
-
-
-def thirds(xs: list[float]) -> tuple[float | None, float | None]:
-    if not xs:
-        return None, None
-    k = max(1, len(xs) // 3)
-    return statistics.fmean(xs[:k]), statistics.fmean(xs[-k:])
-
-
-def halves(steps: list[dict]) -> dict[str, list]:
-    """What changed from the RL run's first half of steps to its second: jobs valid on the first
-    submit [k, n] and malformed turns, each half (metrics.jsonl rows)."""
-    k = len(steps) // 2
-    out: dict[str, list] = {"first_try": [], "malformed_turns": []}
-    for half in (steps[:k], steps[k:]):
-        out["first_try"].append([round(sum(r["first_try_pass_rate"] * r["episodes"] for r in half)),
-                                 sum(r["episodes"] for r in half)])
-        out["malformed_turns"].append(sum(r.get("malformed_tool_calls", 0) for r in half))
-    return out
-
-
-def figure(out: Path, arms: dict[str, dict], curves: dict[int, list[float]]) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    names = list(arms)
-    for j, split in enumerate(("train", "heldout")):
-        vals = [arms[n][split]["first_try"]["rate"] or 0.0 for n in names]
-        los = [v - (arms[n][split]["first_try"]["ci95"][0] or 0.0) for v, n in zip(vals, names, strict=True)]
-        his = [(arms[n][split]["first_try"]["ci95"][1] or 0.0) - v for v, n in zip(vals, names, strict=True)]
-        a.bar([i + 0.4 * j for i in range(len(names))], vals, 0.4, yerr=[los, his],
-              label=split, capsize=3)
-    a.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20)
-    a.set_ylabel("first-try validation rate (95% CI)")
-    a.legend()
-    for seed, ys in curves.items():
-        b.plot(range(1, len(ys) + 1), ys, marker="o", label=f"seed {seed}")
-    b.set_xlabel("RL step")
-    b.set_ylabel("mean episode reward")
-    if curves:  # no RL run here: an empty panel, no legend
-        b.legend()
-    fig.suptitle("SmolLM2-135M as the job writer: untrained, warm-started, RL-trained")
-    fig.tight_layout()
-    path = out / "lm_arc.png"
-    fig.savefig(path, dpi=110)
-    return path
+    return run_dir
 
 
 def policy_file(path: Path) -> Path:
@@ -364,10 +229,8 @@ def main() -> None:
     t0 = time.time()
     report: dict[str, Any] = {"config": str(args.config), "seeds": args.seeds,
                               "validate_only": args.validate_only, "heldout_tasks": heldout}
-    arms: dict[str, dict] = {}
     rows: dict[str, dict[str, list]] = {}
-    curves: dict[int, list[float]] = {}
-    by_half: dict[int, dict[str, list]] = {}
+    runs: dict[int, Path] = {}
     try:
         if "warm" not in args.skip:
             sft = warm_start(args, config, out)
@@ -384,10 +247,9 @@ def main() -> None:
             ho = run_arm(policy, name + "-heldout", config, out, heldout, args.heldout_episodes,
                          pool, seed, args.concurrency)
             rows[name] = {"train": tr, "heldout": ho}
-            arms[name] = {"train": summarize(tr, pool is not None),
-                          "heldout": summarize(ho, pool is not None)}
             for split in ("train", "heldout"):
-                print(f"{name:>14} {split:>7}: {fmt(arms[name][split])}", flush=True)
+                print(f"{name:>14} {split:>7}: {fmt(summarize(rows[name][split], pool is not None))}",
+                      flush=True)
 
         seed0 = args.seeds[0]
         if args.composer or args.composer_checkpoint:  # rows to compare with, same episodes
@@ -417,36 +279,17 @@ def main() -> None:
             from nestor.outer.checkpoint import latest_checkpoint
 
             for seed in args.seeds:
-                run_dir, steps = rl(args, config, out, out / "sft", seed)
-                curves[seed] = [r["reward_mean"] for r in steps]
-                by_half[seed] = halves(steps)
-                first, last = thirds(curves[seed])
-                print(f"RL seed {seed}: reward first third {first} → last third {last} "
-                      f"({len(steps)} steps); first-try valid by half {by_half[seed]['first_try']}, "
-                      f"malformed turns {by_half[seed]['malformed_turns']}")
+                runs[seed] = rl(args, config, out, out / "sft", seed)
+                curve = rl_summary(runs[seed])
+                print(f"RL seed {seed}: reward first third {num(curve['thirds'][0])} → last "
+                      f"third {num(curve['thirds'][1])}", flush=True)
                 policy = make_policy(warm_cfg)
-                policy.load(latest_checkpoint(run_dir) / "policy")
+                policy.load(latest_checkpoint(runs[seed]) / "policy")
                 evaluate(f"rl-s{seed}", policy, seed)
     finally:
         if pool is not None:
             pool.shutdown()
-    rl_arms = [n for n in arms if n.startswith("rl-")]
-    if len(rl_arms) > 1:  # the seeds' RL-trained arms pooled
-        arms["rl-pooled"] = {split: summarize([r for n in rl_arms for r in rows[n][split]],
-                                              pool is not None) for split in ("train", "heldout")}
-        for split in ("train", "heldout"):
-            print(f"{'rl-pooled':>14} {split:>7}: {fmt(arms['rl-pooled'][split])}")
-    report["arms"] = arms
-    report["rl_reward_thirds"] = {s: thirds(c) for s, c in curves.items()}
-    report["rl_halves"] = by_half
-    report["rl_lifted_seeds"] = sum(1 for f, la in report["rl_reward_thirds"].values()
-                                    if f is not None and la > f)
-    if rl_arms and "warm-started" in arms:
-        report["heldout_transfer"] = {
-            "warm_started_first_try": arms["warm-started"]["heldout"]["first_try"],
-            "rl_first_try": {n: arms[n]["heldout"]["first_try"] for n in rl_arms}}
-    fig = figure(out, arms, curves)
-    report["figure"] = str(fig) if fig else None
+    conclude(report, rows, runs, pool is not None, out / "lm_arc.png")
     report["wall_s"] = round(time.time() - t0, 1)
     print(json.dumps(report, default=str))
 

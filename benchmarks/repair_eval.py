@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lm_arc import TRAINED_ENDS, wilson
+from lm_arc_report import TRAINED_ENDS, wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))  # repair_eval imports lm_arc's statistics, as a script does
+sys.path.insert(0, str(BENCH))  # repair_eval imports lm_arc_report's statistics, as a script does
 spec = importlib.util.spec_from_file_location("repair_eval", BENCH / "repair_eval.py")
 repair_eval = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(repair_eval)
