@@ -197,7 +197,7 @@ def recorded(dirs: list[Path]) -> tuple[dict[str, dict[str, list]], dict[int, Pa
     runs: dict[int, Path] = {}
     for d in dirs:
         if not d.is_dir():
-            raise SystemExit(f"--report {d}: no such directory")
+            raise SystemExit(f"{d}: no such directory (give lm_arc.py --out directories)")
         for ev in sorted(d.glob("eval-*")):
             if (ev / "ledger.sqlite").is_file():
                 name = ev.name.removeprefix("eval-")
