@@ -48,7 +48,8 @@ PORT = _free_port()
 # the README's map order: what a reader meets first runs first
 DOCS = ["README.md", "docs/architecture.md", "docs/tasks.md", "docs/models.md",
         "docs/job-format.md", "docs/sandbox.md", "docs/inner.md", "docs/pool.md",
-        "docs/agent.md", "docs/outer.md", "docs/report.md", "docs/agents.md", "docs/cluster.md"]
+        "docs/agent.md", "docs/outer.md", "docs/report.md", "docs/agents.md", "docs/lm-arc.md",
+        "docs/cluster.md"]
 COMMAND = re.compile(r"^(nestor|make|\.venv/bin/python|python|curl|export|pip|uv)(?=\s|$)")
 FAILED_OUTPUT = re.compile(r"Traceback \(most recent call last\)|leaked semaphore")
 
@@ -67,8 +68,8 @@ SKIP = [
      "an smollm2-135m agent on a CPU: 18 min per episode (docs/agents.md)"),
     (r"benchmarks/arc\.py", "the arc: 6-12 min a seed, run on its own"),
     (r"^nestor sft\b.*smollm2|lm:smollm2|configs/lm-arc\.toml",
-     "the SmolLM2 warm start or RL: 45-90 min of SFT, ~16 min an RL step on a CPU (docs/agents.md)"),
-    (r"benchmarks/lm_arc\.py", "the LM arc: hours on a CPU, run on its own (docs/agents.md)"),
+     "the SmolLM2 warm start or RL: 45-90 min of SFT, ~10 min an RL step on a CPU (docs/lm-arc.md)"),
+    (r"benchmarks/lm_arc\.py", "the LM arc: hours on a CPU, run on its own (docs/lm-arc.md)"),
     (r"benchmarks/repair_eval\.py --agent lm", "the LM agent repairing slipped jobs: ~10 min to an hour on a CPU, run on its own"),
     (r"benchmarks/clone_accuracy\.py", "scores the LM arc's warm starts: needs their adapters (hours of SFT)"),
     (r"benchmarks/(loop_stop|lm_arc_report)\.py", "reads the LM arc's recorded runs: needs its run directories (hours)"),

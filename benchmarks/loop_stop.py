@@ -1,7 +1,7 @@
 """The loop stop, replayed on recorded turns: which replies would it have ended, where, and
 which healthy ones would it have cut?
 
-An LM agent's malformed turns were mostly replies looping until the turn's cap (docs/agents.md,
+An LM agent's malformed turns were mostly replies looping until the turn's cap (docs/lm-arc.md,
 RL from warm start 5). The lm policy's sampler now ends a reply once its tail is one piece
 repeated (nestor/models/loops.py, `[policy] stop_repeats`). This reads every turn recorded in
 run directories (episodes' transcript.json: the sampled ids) and applies the sampler's rule at

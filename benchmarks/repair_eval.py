@@ -1,6 +1,6 @@
 """Repair rate: does an agent fix a job from the probe's report?
 
-Warm-started SmolLM2 agents repaired 0 of 25 second submits (docs/agents.md): each resubmitted
+Warm-started SmolLM2 agents repaired 0 of 25 second submits (docs/lm-arc.md): each resubmitted
 its first failure. An arm measures repairs only where the agent's own first attempt failed,
 mixed with how well it writes jobs; this measures them alone. For each task (default: the
 held-out family, which no demo covers) the composer writes short-form jobs that pass the probe

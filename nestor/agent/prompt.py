@@ -106,7 +106,7 @@ def _minimal_job() -> str:
 def budget_rule(spec: TaskSpec, token_budget: int) -> str:
     """The budget rule, worked for this task's reply cap at JobConfig's default batch: the
     arithmetic a small model gets wrong when it copies another task's max_steps (measured: the
-    commonest failure of a warm-started SmolLM2 on tasks it never saw, docs/agents.md)."""
+    commonest failure of a warm-started SmolLM2 on tasks it never saw, docs/lm-arc.md)."""
     d = JobConfig.model_fields
     prompts, group = d["prompts_per_step"].default, d["group_size"].default
     per_step = prompts * group * spec.max_new_tokens

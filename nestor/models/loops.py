@@ -1,5 +1,5 @@
 """Loops in sampled text: a small model's reply that repeats one piece ('5555…', a blank line,
-the same docstring) until the turn's cap. Measured on SmolLM2 RL episodes (docs/agents.md):
+the same docstring) until the turn's cap. Measured on SmolLM2 RL episodes (docs/lm-arc.md):
 most malformed turns were such loops. Plain Python (no torch): the config imports it too.
 """
 

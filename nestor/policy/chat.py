@@ -50,7 +50,7 @@ def parse_assistant(text: str, call_prefix: str = "call", fmt: ToolFormat = JSON
     `cut_at`: the turn's token cap, when the reply stopped unfinished — there, or (`repeated`:
     the loop's period) in a loop of one piece, before or at the cap. Its error then says so:
     a reply cut mid-call is most often a loop or a file too long for one turn, and "unbalanced
-    tags" alone does not tell the agent that (docs/agents.md, RL from warm start 5)."""
+    tags" alone does not tell the agent that (docs/lm-arc.md, RL from warm start 5)."""
     message, error = fmt.parse(text, call_prefix, tools)
     if error is not None and cut_at:
         why = (f"the reply was stopped unfinished: it repeated one {repeated}-token piece over "

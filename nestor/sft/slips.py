@@ -2,7 +2,7 @@
 
 Why: a warm start cloned from the composer learns the composer's repairs — it resamples its
 decisions and rewrites whole files — not fixes for the mistakes a small LM makes. Warm start 4
-(docs/agents.md) repaired 0 of 25 second submits, each a resubmit of the first one's failure.
+(docs/lm-arc.md) repaired 0 of 25 second submits, each a resubmit of the first one's failure.
 Its first-submit failures were slips of typing, not of design: an unterminated string, an
 undefined name, a `vf.` attribute that does not exist, the package at the wrong path, a seed
 past int32, a broken TOML line, a copied `max_new_tokens = 1024`. Warm start 5's own first

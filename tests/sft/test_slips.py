@@ -12,7 +12,7 @@ from nestor.sandbox.workspace import Workspace
 from nestor.sft.slips import _VF_TYPOS, SLIPS, SlipThenRepair, draw_kinds, slip_rng, written_files
 from nestor.tasks import TaskRegistry
 
-# the probe's checks each slip fails (docs/agents.md: what warm start 4's first submits failed);
+# the probe's checks each slip fails (docs/lm-arc.md: what warm start 4's first submits failed);
 # a misspelt name fails whichever runs it first: load() or a reward
 FAILS = {"unterminated_string": {"imports"}, "vf_attribute": {"imports"},
          "undefined_name": {"load", "rewards_valid"}, "wrong_path": {"files"},
