@@ -12,15 +12,10 @@ Phases (configs/lm-arc.toml; every phase's files under --out):
    --eval-episodes episodes per training task and --heldout-episodes per held-out task
    (OUT/eval-*/); jobs are trained on a local pool unless --validate-only (then reward and
    quality are n/a).
-It prints per arm (per seed for RL) and pooled: first-try validation rate, validation rate,
-job quality and reward, with 95% intervals (Wilson for rates, normal for means); the RL reward's
-first third → last third per seed, and its first half → second half of first-try jobs and
-malformed turns; what moved in the jobs (base-model share, config knobs
-written, rubric forms); held-out transfer (RL-trained vs warm-started arm, Fisher exact p); one
-figure (OUT/lm_arc.png). Last line: one JSON object.
-
-The phases can run apart (a seed a session, an arm on another machine):
-benchmarks/lm_arc_report.py prints the same tables from what their directories recorded.
+It prints benchmarks/lm_arc_report.py's tables (what they hold is said there) for the arms
+and RL seeds it ran, and draws OUT/lm_arc.png; last line: one JSON object. The phases can run
+apart (a seed a session, an arm on another machine): lm_arc_report.py prints the same tables
+from what their directories recorded.
 
 Full spec:  python benchmarks/lm_arc.py --seeds 0 1 2 --rl-steps 10 --demos-per-task 8
 Small run:  python benchmarks/lm_arc.py --seeds 0 --rl-steps 2 --demos-per-task 1 \
