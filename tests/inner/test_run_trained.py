@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nestor.agent.reward import compute_reward
+from nestor.agent.reward import RewardConfig, compute_reward, improvement_of
 from nestor.inner.run import WarmState, run_job
 from nestor.inner.types import JobRequest
 
@@ -53,4 +53,8 @@ def test_a_job_that_does_not_move_the_model_is_not_paid(tmp_path, warm, extra):
     # pre-score cache: tiny-m scored the same under 1 and 2 threads (4 tasks × 200 items).
     assert abs(res.post_score - res.pre_score) <= 0.01
     assert c["trained"] == 0.0 and c["weighted_validation"] == 0.0 and c["weighted_speed"] == 0.0
-    assert c["quality"] == 0.0  # not the base model's own score either
+    # quality is the uplift alone — a hair either way where such an item flipped — never the
+    # base model's own post-score share (nothing moved)
+    post_share = RewardConfig().weights()["post_share"]
+    assert c["quality"] == pytest.approx((1 - post_share) * improvement_of(res), abs=1e-12)
+    assert abs(c["quality"]) <= 0.01
