@@ -72,7 +72,7 @@ SKIP = [
     (r"benchmarks/lm_arc\.py", "the LM arc: hours on a CPU, run on its own (docs/lm-arc.md)"),
     (r"benchmarks/repair_eval\.py --agent lm", "the LM agent repairing slipped jobs: ~10 min to an hour on a CPU, run on its own"),
     (r"benchmarks/clone_accuracy\.py", "scores the LM arc's warm starts: needs their adapters (hours of SFT)"),
-    (r"benchmarks/(loop_stop|lm_arc_report|lora_drift)\.py", "reads the LM arc's recorded runs: needs its run directories (hours)"),
+    (r"benchmarks/(loop_stop|lm_arc_report|lora_drift|lm_train_precision)\.py", "reads the LM arc's recorded runs: needs its run directories (hours)"),
     (r"gpu_check\.py.*smollm2", "the SmolLM2 agent's check, for a GPU with the lm-arc warm start"),
 ]
 

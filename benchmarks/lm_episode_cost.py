@@ -4,6 +4,7 @@ followed by one IS-GRPO step on its episodes, as `nestor train` runs them.
 
     .venv/bin/python benchmarks/lm_episode_cost.py [--model smollm2-135m] [--mode both]
         [--episodes 4] [--group 2] [--turns 3] [--tokens 160] [--threads 1]
+        [--train-precision float32|auto] [--adapter DIR] [--attempts 1]
 
 --mode after: the laptop-cost agent (short prompt, contexts that extend the previous turn's
 tokens so an episode trains in one forward pass, the prefix KV cache, gradient checkpointing).
@@ -42,16 +43,22 @@ def peak_rss_mb() -> float:
 def make_policy(args):
     from nestor.policy.lm import LMPolicy
 
+    # an untrained model is nudged into a call; a warm start writes its calls by itself
     kwargs = dict(max_new_tokens=args.tokens, temperature=0.7, seed=0, learning_rate=1e-4,
-                  response_prefix=PREFIX, act_batch_size=args.group, clip_ratio=0.2)
+                  response_prefix="" if args.adapter else PREFIX, act_batch_size=args.group,
+                  clip_ratio=0.2)
     knobs = inspect.signature(LMPolicy.__init__).parameters
     if "extend_contexts" in knobs:  # this checkout has the switches: set them all
         after = args.mode == "after"
         kwargs.update(gradient_checkpointing=after, extend_contexts=after,
-                      prefix_cache_tokens=args.prefix_cache_tokens if after else 0)
+                      prefix_cache_tokens=args.prefix_cache_tokens if after else 0,
+                      **({"train_precision": args.train_precision} if after else {}))
     elif args.mode == "after":
         sys.exit("--mode after needs a checkout with LMPolicy(extend_contexts=...)")
-    return LMPolicy.from_pretrained(args.model, **kwargs)
+    policy = LMPolicy.from_pretrained(args.model, **kwargs)
+    if args.adapter:
+        policy.load_adapter(args.adapter)
+    return policy
 
 
 def run_mode(args) -> dict:
@@ -67,7 +74,7 @@ def run_mode(args) -> dict:
     load_cpu = time.process_time() - cpu0
     spec = TaskRegistry([]).get(args.task).spec(0)
     style = "short" if args.mode == "after" else "compact"
-    cfg = EpisodeConfig(max_turns=args.turns, max_attempts=1, prompt_style=style,
+    cfg = EpisodeConfig(max_turns=args.turns, max_attempts=args.attempts, prompt_style=style,
                         models=["tiny-m"], token_budget=3000, job_timeout_s=120)
     act_cpu = train_cpu = 0.0
     turns = tokens = one_pass = 0
@@ -119,7 +126,8 @@ def run_mode(args) -> dict:
             "episodes_one_pass": one_pass,
             "prefix_tokens_reused": getattr(cache, "tokens_reused", 0),
             "prefix_tokens_computed": getattr(cache, "tokens_computed", 0),
-            "threads": args.threads}
+            "threads": args.threads, "adapter": args.adapter,
+            "train_precision": args.train_precision if args.mode == "after" else "float32"}
 
 
 def main() -> None:
@@ -133,11 +141,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=160, help="max new tokens per turn")
     ap.add_argument("--prefix-cache-tokens", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--attempts", type=int, default=1, help="submits per episode")
+    ap.add_argument("--adapter", default=None, help="a warm start (nestor sft --out DIR) to "
+                    "act and train from; no response prefix then")
+    ap.add_argument("--train-precision", default="float32", choices=["float32", "auto"],
+                    help="after: the learner's forward (auto: bf16 autocast where native)")
     args = ap.parse_args()
     if args.model.startswith("smollm2"):
         from nestor.models.smollm import ensure_converted
 
         ensure_converted()
+    if args.adapter and args.mode != "after":
+        sys.exit("--adapter measures the agent as it runs now: use it with --mode after")
     if args.mode != "both":
         print(json.dumps(run_mode(args)))
         return

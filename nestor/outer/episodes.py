@@ -40,7 +40,7 @@ def make_policy(config: RunConfig, run_dir: Path | None = None):
             gradient_checkpointing=pc.gradient_checkpointing,
             prefix_cache_tokens=pc.prefix_cache_tokens, extend_contexts=pc.extend_contexts,
             merge_lora=pc.merge_lora, tool_format=pc.tool_format,
-            stop_repeats=pc.stop_repeats)
+            stop_repeats=pc.stop_repeats, train_precision=pc.train_precision)
         if pc.adapter:  # the warm start (nestor sft): RL starts from the cloned behaviour
             policy.load_adapter(pc.adapter)
         return policy

@@ -18,7 +18,9 @@ its own tokens, never a re-rendering of them.
 Memory: the model runs in its own dtype (bf16 for a Qwen3 checkpoint on a GPU; float32 on the
 CPU), the LoRA parameters and their Adam state in float32; training recomputes activations
 (gradient checkpointing); an out-of-memory error splits the work and retries, and what does
-not fit alone is dropped and counted (nestor/policy/oom.py).
+not fit alone is dropped and counted (nestor/policy/oom.py). `train_precision`: the learner's
+forward in float32 (the default: on-policy the ratio is exactly 1) or in bf16 autocast
+(nestor/models/precision.py: about half the time on a bf16-native CPU).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from nestor.models.loops import LOOP_MIN_SPAN, repeat_period
+from nestor.models.precision import autocast, autocast_dtype
 from nestor.models.prefix_cache import PrefixCache
 from nestor.models.sampler import sample
 from nestor.policy.base import Observation, TrainItem, Turn
@@ -97,7 +100,7 @@ class LMPolicy:
                  response_prefix: str = "", gradient_checkpointing: bool = True,
                  prefix_cache_tokens: int = 8192, extend_contexts: bool = True,
                  merge_lora: bool = True, tool_format: str = "auto",
-                 stop_repeats: int = LOOP_MIN_SPAN):
+                 stop_repeats: int = LOOP_MIN_SPAN, train_precision: str = "float32"):
         from peft import LoraConfig, get_peft_model
 
         if tokenizer.chat_template is None:
@@ -148,6 +151,10 @@ class LMPolicy:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
         self.device = next(self.model.parameters()).device
+        # The learner's forward in bf16 autocast halves a step on a bf16-native CPU, at the
+        # price of a sampler/learner mismatch the truncated IS ratio absorbs; float32 keeps the
+        # on-policy ratio exactly 1 (benchmarks/lm_train_precision.py measures both).
+        self.train_autocast = autocast_dtype(train_precision, str(self.device))
         self.generator = sampling_generator(self.device, seed)
         self.version = 0
         self.malformed_calls = 0
@@ -286,8 +293,9 @@ class LMPolicy:
 
     def _backward(self, seq: PackedSequence, advantage: float, scale: float) -> dict[str, float]:
         """Loss of one packed sequence, backpropagated (scaled by `scale`); its figures."""
-        logp = action_logprobs(self.model, seq.input_ids, seq.action_mask,
-                               self.temperature)[None]  # [1, A]
+        with autocast(self.train_autocast, self.device):
+            logp = action_logprobs(self.model, seq.input_ids, seq.action_mask,
+                                   self.temperature)[None]  # [1, A]
         logp_sample = torch.tensor([seq.sample_logprobs], device=self.device)  # [1, A]
         mask = torch.ones_like(logp, dtype=torch.bool)  # [1, A]: every scored token is an action
         loss, stats = importance_sampling_loss(

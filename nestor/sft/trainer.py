@@ -35,12 +35,12 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, Field, model_validator
 
+from nestor.models.precision import Precision, autocast, autocast_dtype
 from nestor.sft.data import SFTSequence
 from nestor.sft.slips import SLIPS
 
@@ -79,7 +79,7 @@ class SFTConfig(BaseModel):
     prompt_style: str = Field("compact", description="composer:N: the system prompt's style.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in backward "
                                          "(measured on a 2-core CPU: ~1.4× the step time).")
-    precision: Literal["auto", "float32", "bfloat16"] = Field(
+    precision: Precision = Field(
         "auto", description="The forward pass's autocast: auto = bfloat16 where the device "
         "computes it natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX: measured 2.1× "
         "faster on this laptop's), else float32. The LoRA weights, gradients and optimizer "
@@ -114,22 +114,6 @@ def bc_loss(model, seq: SFTSequence) -> tuple[torch.Tensor, int, int]:
     target_logp = logp.gather(1, target_ids[:, None])[:, 0]  # [T]
     correct = int((logits.argmax(-1) == target_ids).sum())
     return -target_logp.sum(), int(targets.numel()), correct
-
-
-def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
-    """The forward pass's autocast dtype (None: float32, no autocast)."""
-    if precision == "auto":
-        kind = torch.device(device).type
-        native = (torch.cuda.is_available() and torch.cuda.is_bf16_supported() if kind == "cuda"
-                  else kind == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        precision = "bfloat16" if native else "float32"
-    return torch.bfloat16 if precision == "bfloat16" else None
-
-
-def autocast(dtype: torch.dtype | None, device: str):
-    """The forward's context: autocast to `dtype`, or nothing for None (float32)."""
-    return torch.autocast(torch.device(device).type, dtype=dtype or torch.float32,
-                          enabled=dtype is not None)
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:

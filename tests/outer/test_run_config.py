@@ -2,6 +2,7 @@
 
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from nestor.cli import app
@@ -83,11 +84,15 @@ def test_lm_memory_knobs_reach_the_policy():
             "kind": "lm", "max_context": 512, "max_new_tokens": 512}})
     with pytest.raises(RunConfigError, match="dtype"):
         parse_run_config({"tasks": ["reverse"], "policy": {"kind": "lm", "dtype": "fp8"}})
+    with pytest.raises(RunConfigError, match="train_precision"):
+        parse_run_config({"tasks": ["reverse"], "policy": {"kind": "lm",
+                                                           "train_precision": "fp8"}})
     cfg = parse_run_config({"tasks": ["reverse"], "learning_rate": 1e-3, "policy": {
         "kind": "lm", "model": "tiny-m", "max_context": 1024, "max_new_tokens": 64,
         "gradient_checkpointing": False, "prefix_cache_tokens": 0, "extend_contexts": False,
-        "stop_repeats": 0}})
+        "stop_repeats": 0, "train_precision": "bfloat16"}})
     policy = make_policy(cfg)
     assert policy.max_context == 1024 and policy.max_new_tokens == 64 and policy.stop_repeats == 0
+    assert policy.train_autocast is torch.bfloat16
     assert not policy.gradient_checkpointing and policy.prefix_cache is None
     assert not policy.contexts.extend

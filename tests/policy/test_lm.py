@@ -333,3 +333,23 @@ def test_lower_precision_weights_are_never_merged():
     assert not agent.merge_lora
     agent.sample(agent.render(obs()))
     assert not agent._merged
+
+
+def test_the_learner_runs_in_bf16_autocast_when_asked_and_keeps_the_lora_float32():
+    # A matmul inside train_step is bf16 only under train_precision = "bfloat16"; the LoRA, its
+    # gradients and Adam stay float32, and the on-policy ratio moves off 1 only by rounding.
+    seen = {}
+    for precision in ("float32", "bfloat16"):
+        agent = tiny_agent(learning_rate=1e-2, train_precision=precision)
+        turn = agent.act(obs())
+        proj = next(m for n, m in agent.model.named_modules() if n.endswith("q_proj.base_layer"))
+        seen[precision] = dtypes = set()
+        hook = proj.register_forward_hook(lambda m, i, out, dtypes=dtypes: dtypes.add(out.dtype))
+        stats = agent.train_step([TrainItem([turn], 1.0, agent.version)])
+        hook.remove()
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
+                   for p in agent.model.parameters() if p.requires_grad)
+        assert stats["ratio_mean"] == pytest.approx(1.0, abs=0.05)
+    assert seen == {"float32": {torch.float32}, "bfloat16": {torch.bfloat16}}
+    with pytest.raises(ValueError, match="precision 'fp8'"):
+        tiny_agent(train_precision="fp8")
