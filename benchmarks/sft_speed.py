@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
+from nestor.models.precision import autocast, autocast_dtype
 from nestor.sft.data import EncodeStats, encode_demo, policy_encoders
 from nestor.sft.demos import from_composer, read_demos
 from nestor.sft.run import make_policy
-from nestor.sft.trainer import SFTConfig, autocast, autocast_dtype, bc_loss
+from nestor.sft.trainer import SFTConfig, bc_loss
 
 MODES = [("float32", True), ("float32", False), ("bfloat16", True), ("bfloat16", False)]
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from nestor.policy.base import Turn
 
@@ -69,12 +70,57 @@ def episode_sequence(turns: list[Turn]) -> PackedSequence | None:
     return PackedSequence(ids, mask, logprobs)
 
 
+HEAD_CHUNK = 512  # positions per LM-head chunk: the [chunk, V] logits are all backward keeps
+
+
+def causal_parts(model):
+    """(decoder, LM head) of a causal LM, peft-wrapped or not; None when its logits are more
+    than `head(hidden)` (a logit softcap or scale), which only the whole model computes."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = causal.config
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    decoder, head = causal.get_decoder(), causal.get_output_embeddings()
+    return (decoder, head) if decoder is not None and head is not None else None
+
+
+def _head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor,
+                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target) under softmax(head(hidden) / T), and whether each target is the argmax."""
+    logits = head(hidden).float()  # [C, V]
+    logp = F.log_softmax(logits / temperature, dim=-1).gather(1, targets[:, None])[:, 0]  # [C]
+    return logp, logits.argmax(-1) == targets
+
+
+def target_logprobs(model, ids: torch.Tensor, predictors: torch.Tensor, targets: torch.Tensor,
+                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """([A] log p(targets[a] | ids[:predictors[a] + 1]) at temperature T, [A] bool: is the
+    target the model's argmax) — one forward over `ids` [1, S].
+
+    Only the A predicting positions go through the LM head, in chunks of HEAD_CHUNK, each
+    recomputed in backward: the [A, V] logits (V ~49k for SmolLM2, ~152k for Qwen3, A in the
+    thousands for an episode) never exist at once, nor the log-softmax's copies of them.
+    """
+    parts = causal_parts(model)
+    if parts is None:  # the whole model's logits at the predicting positions, unchunked
+        logits = model(input_ids=ids, logits_to_keep=predictors, use_cache=False).logits[0]
+        return _head_logprobs(lambda h: h, logits, targets, temperature)
+    decoder, head = parts
+    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state[0, predictors]  # [A, H]
+    chunks = []
+    for i in range(0, len(targets), HEAD_CHUNK):
+        args = (head, hidden[i:i + HEAD_CHUNK], targets[i:i + HEAD_CHUNK], temperature)
+        chunks.append(checkpoint(_head_logprobs, *args, use_reentrant=False)
+                      if torch.is_grad_enabled() else _head_logprobs(*args))
+    return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
+
+
 def action_logprobs(model, input_ids: list[int], action_mask: list[bool],
                     temperature: float) -> torch.Tensor:
     """log p(token | everything before it) of each action token, temperature-scaled: [A].
 
     One forward over the sequence; only the A positions that predict actions go through the LM
-    head (`logits_to_keep` as indices): the [S, V] logits are never built.
+    head (`target_logprobs`): the [S, V] logits are never built.
     """
     device = next(model.parameters()).device
     positions = [i for i, m in enumerate(action_mask) if m]
@@ -83,11 +129,9 @@ def action_logprobs(model, input_ids: list[int], action_mask: list[bool],
     if positions[0] == 0:
         raise ValueError("the first token of a sequence cannot be an action (nothing predicts it)")
     ids = torch.tensor([input_ids[:positions[-1]]], device=device)  # [1, S'] (last action fed never)
-    keep = torch.tensor(positions, device=device) - 1  # [A] the positions that predict actions
-    logits = model(input_ids=ids, logits_to_keep=keep, use_cache=False).logits[0]  # [A, V]
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)  # [A, V]
+    predictors = torch.tensor(positions, device=device) - 1  # [A] positions predicting actions
     targets = torch.tensor([input_ids[p] for p in positions], device=device)  # [A]
-    return logp.gather(1, targets[:, None])[:, 0]  # [A]
+    return target_logprobs(model, ids, predictors, targets, temperature)[0]
 
 
 def token_logprobs(model, context_ids: list[int], action_ids: list[int],

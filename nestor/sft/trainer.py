@@ -6,8 +6,8 @@ The loss, in one place: for a batch of packed sequences (nestor/sft/data.py),
 
 N = the batch's number of target tokens (every action token weighs the same). Context tokens
 (system prompt, task, tool answers) carry no loss: only the positions that predict an action
-token go through the LM head (`logits_to_keep` with their indices), so neither their logits nor
-any gradient through them is made. Log-probabilities are at temperature 1: the warm start fits
+token go through the LM head (in chunks: `target_logprobs`, nestor/policy/lm_sequence.py), so
+neither their logits nor any gradient through them is made. Log-probabilities are at temperature 1: the warm start fits
 the distribution the policy then samples from at its own temperature.
 
 Each sequence is its own forward pass (batch 1, no padding); gradients accumulate over the
@@ -37,10 +37,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, Field, model_validator
 
 from nestor.models.precision import Precision, autocast, autocast_dtype
+from nestor.policy.lm_sequence import target_logprobs
 from nestor.sft.data import SFTSequence
 from nestor.sft.slips import SLIPS
 
@@ -107,13 +107,9 @@ def bc_loss(model, seq: SFTSequence) -> tuple[torch.Tensor, int, int]:
     ids = torch.tensor([seq.ids], device=device)  # [1, L]
     targets = torch.tensor([i for i, m in enumerate(seq.mask) if m and i > 0],
                            device=device)  # [T]: positions of action tokens
-    # position t-1 predicts token t: only those rows of the LM head are computed
-    logits = model(input_ids=ids[:, :-1], logits_to_keep=targets - 1).logits[0]  # [T, V]
-    logp = F.log_softmax(logits.float(), dim=-1)  # [T, V]
-    target_ids = ids[0, targets]  # [T]
-    target_logp = logp.gather(1, target_ids[:, None])[:, 0]  # [T]
-    correct = int((logits.argmax(-1) == target_ids).sum())
-    return -target_logp.sum(), int(targets.numel()), correct
+    # position t-1 predicts token t: only those rows go through the LM head, in chunks
+    target_logp, hits = target_logprobs(model, ids[:, :-1], targets - 1, ids[0, targets])
+    return -target_logp.sum(), int(targets.numel()), int(hits.sum())
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:

@@ -138,3 +138,57 @@ def test_each_episode_extends_its_own_tokens_when_two_replies_read_alike(agent):
     messages = [*obs().messages, firsts[1].message, Message("tool", "ok")]
     other = agent.context_for(Observation(messages, TOOLS, seed=3))
     assert other == agent.render(Observation(messages, TOOLS, seed=3))
+
+
+@pytest.mark.parametrize("bundled", [True, False])  # tiny-m, a random tiny Qwen3
+def test_the_head_runs_in_chunks_with_the_whole_models_logprobs_and_gradients(monkeypatch,
+                                                                           bundled):
+    import nestor.policy.lm_sequence as seq
+
+    agent = tiny_agent(bundled=bundled)
+    agent.model.train(False)
+    ids = torch.randint(10, len(agent.tokenizer) - 1, (40,),
+                        generator=torch.Generator().manual_seed(0)).tolist()
+    mask = [False] * 12 + [True] * 28
+    params = [p for p in agent.model.parameters() if p.requires_grad]
+    with torch.no_grad():  # a LoRA that is not zero, so its gradients are
+        for p in params:
+            p.normal_(0, 0.05)
+
+    def scored(chunk: int) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+        monkeypatch.setattr(seq, "HEAD_CHUNK", chunk)
+        rows = []
+        head = agent.model.get_output_embeddings()
+        hook = head.register_forward_hook(lambda m, i, o: rows.append(o.shape[-2]))
+        lp = seq.action_logprobs(agent.model, ids, mask, 0.7)
+        lp.sum().backward()
+        hook.remove()
+        grads = [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
+        return lp.detach(), grads, rows
+
+    whole, whole_grads, _ = scored(10_000)
+    chunked, chunked_grads, rows = scored(8)
+    assert max(rows) == 8 and sum(rows) >= 28  # never more than a chunk (recomputed: ≥ once)
+    assert torch.allclose(chunked, whole, atol=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(chunked_grads, whole_grads,
+                                                                  strict=True))
+    with torch.no_grad():  # the whole model's own logits, where nothing is chunked
+        logits = agent.model(input_ids=torch.tensor([ids[:-1]])).logits[0, 11:].float()
+        ref = torch.log_softmax(logits / 0.7, -1).gather(1, torch.tensor(ids[12:])[:, None])[:, 0]
+    assert torch.allclose(whole, ref, atol=1e-5)
+
+
+def test_a_model_whose_logits_are_more_than_its_head_is_scored_whole():
+    from nestor.policy.lm_sequence import causal_parts, target_logprobs
+
+    agent = tiny_agent()
+    assert causal_parts(agent.model) is not None
+    agent.model.get_base_model().config.final_logit_softcapping = 30.0
+    assert causal_parts(agent.model) is None
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        logp, hits = target_logprobs(agent.model, ids, torch.tensor([2, 3]),
+                                     torch.tensor([8, 9]))
+    assert logp.shape == (2,) and hits.dtype == torch.bool and bool((logp < 0).all())

@@ -118,7 +118,7 @@ def test_masked_tokens_carry_no_gradient(agent):
     (seq,) = encode_demo(Demo(conversation(), TOOLS, id="d"), render, encode_action)
     rows = []
     head = agent.model.get_output_embeddings()
-    hook = head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[1]))
+    hook = head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[-2]))
     try:
         loss, n, correct = bc_loss(agent.model, seq)
     finally:
