@@ -7,8 +7,9 @@ The loss, in one place: for a batch of packed sequences (nestor/sft/data.py),
 N = the batch's number of target tokens (every action token weighs the same). Context tokens
 (system prompt, task, tool answers) carry no loss: only the positions that predict an action
 token go through the LM head (in chunks: `target_logprobs`, nestor/policy/lm_sequence.py), so
-neither their logits nor any gradient through them is made. Log-probabilities are at temperature 1: the warm start fits
-the distribution the policy then samples from at its own temperature.
+neither their logits nor any gradient through them is made. Log-probabilities are at
+temperature 1: the warm start fits the distribution the policy then samples from at its own
+temperature.
 
 Each sequence is its own forward pass (batch 1, no padding); gradients accumulate over the
 batch, gradient checkpointing trades compute for memory, and the forward runs under bfloat16
