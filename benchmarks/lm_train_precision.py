@@ -66,19 +66,15 @@ def acting_policy(run_dir: Path, version: int, precision: str):
 @torch.no_grad()
 def log_ratios(policy, items) -> torch.Tensor:
     """[A] learner − sampler logprob of every action token of the items' episodes."""
-    from nestor.models.precision import autocast
-    from nestor.policy.lm_sequence import action_logprobs, episode_sequence, turn_sequence
+    from nestor.policy.lm_sequence import episode_sequence, turn_sequence
 
     out = []
     for item in items:
         packed = episode_sequence(item.turns)
         seqs = [packed] if packed is not None else [turn_sequence(t) for t in item.turns
                                                      if t.action_ids]
-        for seq in seqs:
-            with autocast(policy.train_autocast, policy.device):
-                logp = action_logprobs(policy.model, seq.input_ids, seq.action_mask,
-                                       policy.temperature)
-            out.append(logp.float() - torch.tensor(seq.sample_logprobs))
+        for seq in seqs:  # scored as train_step scores it
+            out.append(policy.score(seq).float() - torch.tensor(seq.sample_logprobs))
     return torch.cat(out)
 
 

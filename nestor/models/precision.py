@@ -8,7 +8,7 @@ SmolLM2 forward + backward over a 3,000-token episode takes ~0.5× the float32 t
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -19,7 +19,7 @@ def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
     """The forward pass's autocast dtype (None: float32, no autocast). "auto": bfloat16 on
     CUDA with bf16, or a CPU with AVX512-BF16 or AMX; float32 elsewhere (bf16 emulated on an
     AVX2 CPU is slower than float32)."""
-    if precision not in ("auto", "float32", "bfloat16"):
+    if precision not in get_args(Precision):
         raise ValueError(f"precision {precision!r}: choose auto, float32 or bfloat16")
     if precision == "auto":
         kind = torch.device(device).type

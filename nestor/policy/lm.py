@@ -291,11 +291,15 @@ class LMPolicy:
 
     # ---- training -----------------------------------------------------------------------
 
+    def score(self, seq: PackedSequence) -> torch.Tensor:
+        """[A] the learner's log-probabilities of the sequence's actions, in its training
+        precision: what the IS ratio compares with the sampler's."""
+        with autocast(self.train_autocast, self.device):
+            return action_logprobs(self.model, seq.input_ids, seq.action_mask, self.temperature)
+
     def _backward(self, seq: PackedSequence, advantage: float, scale: float) -> dict[str, float]:
         """Loss of one packed sequence, backpropagated (scaled by `scale`); its figures."""
-        with autocast(self.train_autocast, self.device):
-            logp = action_logprobs(self.model, seq.input_ids, seq.action_mask,
-                                   self.temperature)[None]  # [1, A]
+        logp = self.score(seq)[None]  # [1, A]
         logp_sample = torch.tensor([seq.sample_logprobs], device=self.device)  # [1, A]
         mask = torch.ones_like(logp, dtype=torch.bool)  # [1, A]: every scored token is an action
         loss, stats = importance_sampling_loss(

@@ -172,8 +172,8 @@ def test_the_head_runs_in_chunks_with_the_whole_models_logprobs_and_gradients(mo
     chunked, chunked_grads, rows = scored(8)
     assert max(rows) == 8 and sum(rows) >= 28  # never more than a chunk (recomputed: ≥ once)
     assert torch.allclose(chunked, whole, atol=1e-5)
-    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(chunked_grads, whole_grads,
-                                                                  strict=True))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+               for a, b in zip(chunked_grads, whole_grads, strict=True))
     with torch.no_grad():  # the whole model's own logits, where nothing is chunked
         logits = agent.model(input_ids=torch.tensor([ids[:-1]])).logits[0, 11:].float()
         ref = torch.log_softmax(logits / 0.7, -1).gather(1, torch.tensor(ids[12:])[:, None])[:, 0]
