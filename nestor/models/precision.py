@@ -1,4 +1,5 @@
-"""The forward pass's precision: bfloat16 autocast where the device computes it natively.
+"""Precision: the dtype a model's weights load in, and the forward pass's bfloat16 autocast
+where the device computes it natively.
 
 Both trainers of the LM policy use it — `nestor sft` (`precision`) and the RL learner
 (`[policy] train_precision`). Under autocast the matmuls run in bf16 while the weights that
@@ -13,6 +14,17 @@ from typing import Literal, get_args
 import torch
 
 Precision = Literal["auto", "float32", "bfloat16"]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_dtype(dtype: str, device: str) -> torch.dtype | None:
+    """The weights' dtype (None: the checkpoint's own). "auto": float32 on the CPU (a bf16
+    decode step is memory-bound and gains little there), else the checkpoint's own."""
+    if dtype == "auto":
+        return torch.float32 if torch.device(device).type == "cpu" else None
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def autocast_dtype(precision: str, device: str) -> torch.dtype | None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from nestor.models.loops import LOOP_MIN_SPAN, repeat_period
-from nestor.models.precision import autocast, autocast_dtype
+from nestor.models.precision import autocast, autocast_dtype, model_dtype
 from nestor.models.prefix_cache import PrefixCache
 from nestor.models.sampler import sample
 from nestor.policy.base import Observation, TrainItem, Turn
@@ -52,7 +52,6 @@ from nestor.policy.oom import PolicyOutOfMemory, free_memory, is_oom
 from nestor.policy.tool_format import tool_format_for
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def default_turn_tokens(max_context: int) -> int:
@@ -65,15 +64,6 @@ def sampling_generator(device: torch.device | str, seed: int) -> torch.Generator
     """The sampler's generator, on the device of the logits it samples from: torch.multinomial
     refuses a CPU generator for CUDA probabilities."""
     return torch.Generator(device=torch.device(device)).manual_seed(seed)
-
-
-def model_dtype(dtype: str, device: str) -> torch.dtype | None:
-    """"auto": float32 on the CPU (bf16 matmuls are slow there), else the checkpoint's own."""
-    if dtype == "auto":
-        return torch.float32 if torch.device(device).type == "cpu" else None
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r}: choose auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
 
 
 class _LockedDecoder:
@@ -387,13 +377,7 @@ class LMPolicy:
                     "turns_sampled": self.turns_sampled}, path / "state.pt")
 
     def load(self, path: Path) -> None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        weights = load_file(str(path / "adapter" / "adapter_model.safetensors"),
-                            device=str(self.device))
-        set_peft_model_state_dict(self.model, {k: v.float() for k, v in weights.items()})
-        self._weights_changed()
+        self.load_adapter(path / "adapter")
         state = torch.load(path / "state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from nestor.models.precision import autocast, autocast_dtype
+from nestor.models.precision import autocast, autocast_dtype, model_dtype
 
 
 def test_auto_is_bf16_only_where_the_cpu_computes_it_natively():
@@ -19,3 +19,11 @@ def test_the_context_casts_matmuls_only_for_a_dtype():
         assert (a @ a).dtype == torch.float32
     with autocast(torch.bfloat16, "cpu"):
         assert (a @ a).dtype == torch.bfloat16
+
+
+def test_weights_load_in_float32_on_a_cpu_and_their_own_dtype_elsewhere():
+    assert model_dtype("auto", "cpu") == torch.float32
+    assert model_dtype("auto", "cuda") is None  # the checkpoint's own (bf16 for Qwen3)
+    assert model_dtype("bfloat16", "cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="choose auto"):
+        model_dtype("fp8", "cpu")
