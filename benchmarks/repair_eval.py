@@ -67,7 +67,19 @@ def clean_jobs(tasks: list[str], per_task: int, composer, ledger, episode, seed:
     return jobs
 
 
-def run_case(case, composer, agent, ledger, episode) -> dict[str, Any]:
+def repair_cases(tasks: list[str], per_task: int, kinds: list[str], composer, ledger, episode,
+                 seed: int) -> list[tuple[str, int, str]]:
+    """(task, episode seed, slip kind): each clean job replayed with every slip in `kinds`
+    that applies to it."""
+    from nestor.sft.slips import SLIPS, draw_kinds
+
+    jobs = clean_jobs(tasks, per_task, composer, ledger, episode, seed)
+    return [(task, s, k) for task, s, files in jobs
+            for k in draw_kinds(files, s, len(SLIPS)) if k in kinds]
+
+
+def repair_episode(case, composer, agent, ledger, episode, group_id: str | None = None):
+    """(the episode's record, its row): the case's slip replayed, then `agent` repairing."""
     from nestor.agent.episode import run_episode
     from nestor.sft.slips import SlipThenRepair
     from nestor.tasks import TaskRegistry
@@ -75,7 +87,7 @@ def run_case(case, composer, agent, ledger, episode) -> dict[str, Any]:
     task, ep_seed, kind = case
     spec = TaskRegistry().get(task).spec(episode.difficulty)
     policy = SlipThenRepair(composer, kind, ep_seed, repairer=agent)
-    rec = run_episode(policy, spec, None, ledger, episode, seed=ep_seed)
+    rec = run_episode(policy, spec, None, ledger, episode, seed=ep_seed, group_id=group_id)
     caught = rec.components.get("validation_efficiency", 0) < 1.0  # the slip failed the probe
     reports = [k for k, m in enumerate(rec.messages) if m.role == "tool"
                and m.content.startswith("validation failed")]
@@ -88,7 +100,7 @@ def run_case(case, composer, agent, ledger, episode) -> dict[str, Any]:
            "malformed": sum(bool(t.parse_error) for t in rec.turns)}
     print(f"  {task} {kind}: {rec.end_reason}, repaired={row['repaired']}, first call "
           f"{first_call}", file=sys.stderr, flush=True)
-    return row
+    return rec, row
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,7 +136,7 @@ def main() -> None:
     from nestor.ledger import Ledger
     from nestor.outer.config import load_run_config
     from nestor.sft.demos import demo_composer
-    from nestor.sft.slips import SLIPS, draw_kinds
+    from nestor.sft.slips import SLIPS
     from nestor.tasks import TaskRegistry
 
     config = load_run_config(args.config)
@@ -147,12 +159,12 @@ def main() -> None:
     composer = demo_composer(episode, args.seed)
     ledger = Ledger(args.out / args.agent)
     try:
-        jobs = clean_jobs(tasks, args.jobs_per_task, composer, ledger, episode, args.seed)
-        cases = [(task, s, k) for task, s, files in jobs
-                 for k in draw_kinds(files, s, len(SLIPS)) if k in kinds]
-        print(f"{len(jobs)} clean jobs, {len(cases)} cases", file=sys.stderr, flush=True)
+        cases = repair_cases(tasks, args.jobs_per_task, kinds, composer, ledger, episode,
+                             args.seed)
+        print(f"{len(cases)} cases", file=sys.stderr, flush=True)
         with ThreadPoolExecutor(args.concurrency) as ex:  # the LM policy batches their turns
-            rows = list(ex.map(lambda c: run_case(c, composer, agent, ledger, episode), cases))
+            rows = [row for _, row in ex.map(
+                lambda c: repair_episode(c, composer, agent, ledger, episode), cases)]
     finally:
         ledger.close()
     s = summarize(rows)
@@ -160,7 +172,7 @@ def main() -> None:
           + (f" = {s['rate']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" if s["cases"] else "")
           + f"; by kind {s['by_kind']}; first call {s['first_call']}")
     print(json.dumps({"agent": args.agent, "adapter": str(args.adapter or config.policy.adapter),
-                      "tasks": tasks, "jobs": len(jobs), **s,
+                      "tasks": tasks, "jobs": len({c[:2] for c in cases}), **s,
                       "seconds": round(time.time() - t0, 1)}))
 
 
