@@ -126,6 +126,7 @@ def main() -> None:
                 row = {"step": step + 1, "task": case[0], "kind": case[2],
                        "rewards": [int(r["repaired"]) for _, r in results],
                        "caught": all(r["caught"] for _, r in results),
+                       "malformed_turns": sum(r["malformed"] for _, r in results),
                        "updated": stats is not None, "acting_s": round(acted, 1),
                        "seconds": round(time.time() - w, 1),
                        **{k: round(stats[k], 5) for k in ("loss", "tokens", "grad_norm",
