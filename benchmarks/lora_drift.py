@@ -2,9 +2,9 @@
 
 With one group of four episodes a step, each IS-GRPO gradient is a noisy estimate; Adam divides
 every coordinate's step by its own running scale, so noise alone moves every coordinate by about
-the learning rate each step, in a random direction. This reads an RL run's checkpoint — the
-adapter it started from (its config's `[policy] adapter`), the latest adapter and Adam's moments
-— and puts its per-coordinate motion beside Adam run for as many steps on simulated gradients
+the learning rate each step, in a random direction. This reads an RL run's checkpoint (`nestor
+train`'s latest, or benchmarks/repair_rl.py's policy/) — the adapter it started from (its
+config.toml's `[policy] adapter`), the latest adapter and Adam's moments — and puts its per-coordinate motion beside Adam run for as many steps on simulated gradients
 g = s·μ + ε (μ, ε standard normal per coordinate; s the signal-to-noise ratio; s = 0: pure
 noise) with the run's betas:
 
@@ -16,6 +16,7 @@ The SNR estimate is the s whose simulated median net motion matches the run's. M
 a signal confined to a few coordinates, or one that turns with each step's task, reads as noise.
 
     python benchmarks/lora_drift.py runs/lm-arc6/rl-s0 runs/lm-arc6/rl-s1     # seconds
+    python benchmarks/lora_drift.py runs/repair-rl                            # repair_rl.py's
 
 Last line: one JSON object.
 """
@@ -62,17 +63,19 @@ def drift(run_dir: Path) -> dict:
     """A run's motion from its latest checkpoint and the adapter it started from."""
     from nestor.outer.checkpoint import latest_checkpoint
 
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise SystemExit(f"{run_dir}: no checkpoint (checkpoints/latest); give an RL run directory")
+    ckpt = latest_checkpoint(run_dir)  # nestor train's; benchmarks/repair_rl.py saves policy/
+    policy = ckpt / "policy" if ckpt is not None else run_dir / "policy"
+    if not (policy / "state.pt").is_file():
+        raise SystemExit(f"{run_dir}: no checkpoint (checkpoints/latest) nor policy/state.pt; "
+                         "give an RL run directory (nestor train or benchmarks/repair_rl.py)")
     start = tomllib.loads((run_dir / "config.toml").read_text())["policy"].get("adapter")
     if not start:
         raise SystemExit(f"{run_dir}: its config has no [policy] adapter: it started from an "
                          "untrained LoRA (B = 0), so the net motion is the adapter itself")
     start_dir = Path(start) / "adapter" if (Path(start) / "adapter").is_dir() else Path(start)
     theta_0 = load_file(str(start_dir / "adapter_model.safetensors"))
-    theta_t = load_file(str(ckpt / "policy" / "adapter" / "adapter_model.safetensors"))
-    opt = torch.load(ckpt / "policy" / "state.pt", map_location="cpu", weights_only=False)["optimizer"]
+    theta_t = load_file(str(policy / "adapter" / "adapter_model.safetensors"))
+    opt = torch.load(policy / "state.pt", map_location="cpu", weights_only=False)["optimizer"]
     group = opt["param_groups"][0]
     lr, betas, eps = group["lr"], tuple(group["betas"]), group["eps"]
     moments = list(opt["state"].values())
@@ -83,7 +86,8 @@ def drift(run_dir: Path) -> dict:
                       for s in moments])
     net = torch.cat([(theta_t[k].float() - theta_0[k].float()).abs().flatten() / lr
                      for k in theta_t])
-    return {"run": str(run_dir), "checkpoint": ckpt.name, "steps": steps, "lr": lr,
+    return {"run": str(run_dir), "checkpoint": ckpt.name if ckpt else "policy", "steps": steps,
+            "lr": lr,
             "coordinates": net.numel(), "last_update": quantiles(last), "net_motion": quantiles(net),
             "betas": betas, "eps": eps}
 
@@ -101,7 +105,8 @@ def snr_estimate(net_median: float, sims: dict[float, dict]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", type=Path, nargs="+", help="RL run directories (nestor train)")
+    ap.add_argument("runs", type=Path, nargs="+", help="RL run directories (nestor "
+                    "train, benchmarks/repair_rl.py)")
     args = ap.parse_args()
     out = []
     q = "/".join(f"q{int(p * 100)}" for p in QUANTILES)

@@ -79,7 +79,7 @@ def main() -> None:
         raise SystemExit("--steps must be ≥ 1 and --group ≥ 2 (an advantage needs a group)")
 
     from nestor.ledger import Ledger
-    from nestor.outer.config import load_run_config
+    from nestor.outer.config import load_run_config, save_run_config
     from nestor.outer.episodes import make_policy
     from nestor.sft.demos import demo_composer
     from nestor.sft.slips import SLIPS
@@ -104,6 +104,7 @@ def main() -> None:
     agent = make_policy(config)
     composer = demo_composer(episode, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
+    save_run_config(config, args.out / "config.toml")  # the adapter it began from, the lr
     t0 = time.time()
     steps: list[dict[str, Any]] = []
     ledger = Ledger(args.out / "ledger")

@@ -60,6 +60,16 @@ def test_the_snr_estimate_tells_noise_from_signal(tmp_path, snr, low, high):
     assert low <= lora_drift.snr_estimate(r["net_motion"][1], sims) <= high
 
 
+def test_a_repair_rl_run_is_read_from_its_saved_policy(tmp_path):
+    run, _ = fake_run(tmp_path, 0.0)
+    expected = lora_drift.drift(run)
+    ckpt = run / "checkpoints" / f"step-{STEPS:06d}"
+    (ckpt / "policy").rename(run / "policy")  # benchmarks/repair_rl.py's layout
+    (run / "checkpoints" / "latest").unlink()
+    r = lora_drift.drift(run)
+    assert r["checkpoint"] == "policy" and r["net_motion"] == expected["net_motion"]
+
+
 def test_a_run_without_a_warm_start_or_checkpoint_is_refused(tmp_path):
     run, _ = fake_run(tmp_path, 0.0)
     (run / "config.toml").write_text("[policy]\n")

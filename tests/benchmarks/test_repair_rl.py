@@ -88,6 +88,9 @@ def test_a_tiny_lm_acts_repair_groups_and_its_policy_loads_as_an_adapter(tmp_pat
         assert step["kind"] == "seed_overflow" and step["caught"] and len(step["rewards"]) == 2
         assert step["updated"] == (len(set(step["rewards"])) > 1)
     assert report["updates"] == sum(s["updated"] for s in report["steps"])
+    from nestor.outer.config import load_run_config
+
+    assert load_run_config(tmp_path / "r" / "config.toml").policy.model == "tiny-m"  # resolved
 
     from nestor.policy.lm import LMPolicy
 
