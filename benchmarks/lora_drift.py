@@ -4,9 +4,10 @@ With one group of four episodes a step, each IS-GRPO gradient is a noisy estimat
 every coordinate's step by its own running scale, so noise alone moves every coordinate by about
 the learning rate each step, in a random direction. This reads an RL run's checkpoint (`nestor
 train`'s latest, or benchmarks/repair_rl.py's policy/) — the adapter it started from (its
-config.toml's `[policy] adapter`), the latest adapter and Adam's moments — and puts its per-coordinate motion beside Adam run for as many steps on simulated gradients
-g = s·μ + ε (μ, ε standard normal per coordinate; s the signal-to-noise ratio; s = 0: pure
-noise) with the run's betas:
+config.toml's `[policy] adapter`), the latest adapter and Adam's moments — and puts its
+per-coordinate motion beside Adam run for as many steps on simulated gradients g = s·μ + ε
+(μ, ε standard normal per coordinate; s the signal-to-noise ratio; s = 0: pure noise) with the
+run's betas:
 
 - last update |Δθ|/lr = |m̂/(√v̂ + eps)|, from the saved moments;
 - net motion |θ_T - θ_0|/lr since the warm start: ~√T per coordinate for noise, T for a
@@ -87,8 +88,7 @@ def drift(run_dir: Path) -> dict:
     net = torch.cat([(theta_t[k].float() - theta_0[k].float()).abs().flatten() / lr
                      for k in theta_t])
     return {"run": str(run_dir), "checkpoint": ckpt.name if ckpt else "policy", "steps": steps,
-            "lr": lr,
-            "coordinates": net.numel(), "last_update": quantiles(last), "net_motion": quantiles(net),
+            "lr": lr, "coordinates": net.numel(), "last_update": quantiles(last), "net_motion": quantiles(net),
             "betas": betas, "eps": eps}
 
 

@@ -79,22 +79,29 @@ def main() -> None:
         raise SystemExit("--steps must be ≥ 1 and --group ≥ 2 (an advantage needs a group)")
 
     from nestor.ledger import Ledger
-    from nestor.outer.config import load_run_config, save_run_config
+    from nestor.outer.config import (
+        RunConfigError,
+        load_run_config,
+        parse_run_config,
+        save_run_config,
+    )
     from nestor.outer.episodes import make_policy
     from nestor.sft.demos import demo_composer
     from nestor.sft.slips import SLIPS
     from nestor.tasks import TaskRegistry
 
-    config = load_run_config(args.config)
+    data = load_run_config(args.config).model_dump(exclude_none=True)
+    overrides = {"adapter": args.adapter and str(args.adapter), "model": args.model}
+    data["policy"].update({k: v for k, v in overrides.items() if v is not None})
+    if args.learning_rate is not None:
+        data["learning_rate"] = args.learning_rate
+    try:  # the overrides validated as the config's own values are
+        config = parse_run_config(data, f"{args.config} with the command line's values")
+    except RunConfigError as exc:
+        raise SystemExit(str(exc)) from None
     if config.policy.kind != "lm":
         raise SystemExit(f"{args.config}: [policy] kind is {config.policy.kind!r}; repair RL "
                          "trains an lm policy")
-    if args.adapter is not None:
-        config.policy.adapter = str(args.adapter)
-    if args.model is not None:
-        config.policy.model = args.model
-    if args.learning_rate is not None:
-        config.learning_rate = args.learning_rate
     kinds = args.kinds or list(SLIPS)
     if set(kinds) - set(SLIPS):
         raise SystemExit(f"--kinds: no slip named {sorted(set(kinds) - set(SLIPS))}; "

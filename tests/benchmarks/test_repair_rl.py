@@ -97,7 +97,10 @@ def test_a_tiny_lm_acts_repair_groups_and_its_policy_loads_as_an_adapter(tmp_pat
     LMPolicy.from_pretrained("tiny-m", max_new_tokens=16).load_adapter(report["policy"])
 
 
-def test_a_group_of_one_is_refused(monkeypatch):
+def test_a_group_of_one_and_a_bad_learning_rate_are_refused(monkeypatch):
     monkeypatch.setattr("sys.argv", ["repair_rl.py", "--group", "1"])
     with pytest.raises(SystemExit, match="--group"):
+        repair_rl.main()
+    monkeypatch.setattr("sys.argv", ["repair_rl.py", "--learning-rate", "-1"])
+    with pytest.raises(SystemExit, match="learning_rate"):
         repair_rl.main()
