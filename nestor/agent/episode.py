@@ -193,8 +193,9 @@ class _Episode:
                 "probe_fraction": max(probe, default=0.0)}
 
     def submit(self) -> tuple[str, EndReason | None]:
+        from nestor.job.report import Check, ValidationReport
         from nestor.job.safe_read import UnsafeFileError, copy_tree
-        from nestor.job.validate import Check, ValidationReport, validate_job
+        from nestor.job.validate import validate_job
 
         n = self.rec.attempts + 1
         snap = self.dir / f"attempt-{n}"

@@ -84,7 +84,7 @@ def launch_env(gpus: int, visible: str | None) -> dict[str, str]:
 def static_problems(job_dir: Path | str) -> list[str]:
     """What the probe's trusted checks (files, config, base model, budget, dataset) reject, so
     an export never carries a job `nestor job validate` would refuse."""
-    from nestor.job.validate import static_checks
+    from nestor.job.file_checks import static_checks
 
     return [f"{c.name}: {c.message}" for c in static_checks(job_dir) if not c.ok]
 

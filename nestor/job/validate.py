@@ -3,9 +3,9 @@
 Each check reports a name, ok and a message the job's author can act on. The job's own code
 runs only in the sandboxed host (tasksource.py); this module sees plain data. A check whose
 inputs are missing (an earlier check failed) is left out rather than reported as a failure, so
-a report names the first thing to fix in each chain:
+a report (report.py) names the first thing to fix in each chain:
 
-  files -> config -> budget                (trusted: reads files as data)
+  files -> config -> budget                (trusted: reads files as data, file_checks.py)
   files -> dataset                         (short form, no data file: load()'s rows instead)
   files -> imports -> taskset -> load -> context -> memory
                                 load -> rewards_valid -> reward_speed -> deterministic
@@ -16,25 +16,16 @@ a report names the first thing to fix in each chain:
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
-from nestor.job.config import (
-    DEFAULT_TOKEN_BUDGET,
-    MAX_CONFIG_BYTES,
-    JobConfig,
-    JobConfigError,
-    load_job_config,
-)
+from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig
 from nestor.job.dryrun import rollouts, tokenizer_for
-from nestor.job.layout import CONFIG, DATA, MAX_DATA_BYTES, JobLayout, LayoutError, read_layout
+from nestor.job.file_checks import trusted_checks
+from nestor.job.layout import DATA, LayoutError, read_layout
 from nestor.job.memory import (
     DEFAULT_MEMORY_CAP_MB,
     MIB,
@@ -44,8 +35,8 @@ from nestor.job.memory import (
     model_shape,
     prompt_tokens,
 )
+from nestor.job.report import Check, CheckLog, ValidationReport
 from nestor.job.rubric_probe import RubricProbe, probe_replies
-from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
 from nestor.job.tasksource import (
     TRAIN_LIMITS,
     JobTaskSource,
@@ -59,7 +50,6 @@ from nestor.tasks import TaskSpec
 log = logging.getLogger("nestor.job")
 
 MIN_TASKS = 32  # load() must yield at least this many tasks
-MAX_ROWS = 200_000
 RUBRIC_TASKS = 16  # tasks probed by the rubric checks
 DRY_RUN_PROMPTS, DRY_RUN_SAMPLES = 4, 2
 MAX_SECONDS_PER_REPLY = 0.02  # mean rubric time per completion; a GRPO step scores ~128
@@ -67,47 +57,6 @@ MAX_SECONDS_PER_REPLY = 0.02  # mean rubric time per completion; a GRPO step sco
 # nothing the job can observe from inside (rlimits, a request's alarm) tells the two apart.
 PROBE_LIMITS = TRAIN_LIMITS
 PROBE_TIMEOUTS = Timeouts()
-
-
-class Check(BaseModel):
-    name: str
-    ok: bool
-    message: str
-
-
-class ValidationReport(BaseModel):
-    passed: bool
-    checks: list[Check]
-    elapsed_s: float = Field(description="Wall-clock seconds the probe took.")
-    harness_failure: bool = Field(
-        False, description="The probe could not run for a reason that is not the job's: its "
-        "sandbox did not start (in time, on a loaded machine). Only that: an episode does not "
-        "count the attempt against the agent. Anything a job's files or replies can cause "
-        "(parse errors of any depth, numeric overflow, undecodable text, oversized or deep "
-        "replies) is a failed check of the job, never a free retry.")
-
-    def failed(self) -> list[Check]:
-        return [c for c in self.checks if not c.ok]
-
-    def summary(self) -> str:
-        """One line per failed check (what the agent reads back after a failed submit)."""
-        if self.passed:
-            return f"validation passed ({len(self.checks)} checks, {self.elapsed_s:.1f} s)"
-        return "validation failed:\n" + "\n".join(f"- {c.name}: {c.message}" for c in self.failed())
-
-
-class _Report:
-    def __init__(self, on_check: Callable[[Check], None] | None = None):
-        self.checks: list[Check] = []
-        self.harness_failure = False  # a failure that is ours, not the job's
-        self.on_check = on_check  # progress for a person watching (`nestor job validate`)
-
-    def add(self, name: str, ok: bool, message: str) -> bool:
-        check = Check(name=name, ok=ok, message=message)
-        self.checks.append(check)
-        if self.on_check is not None:
-            self.on_check(check)
-        return ok
 
 
 def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
@@ -120,7 +69,7 @@ def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEF
     `nestor.job.tasksource.prewarm(PROBE_LIMITS)` while the agent works).
     `on_check` sees each check as it completes."""
     t0 = time.perf_counter()
-    report = _Report(on_check)
+    report = CheckLog(on_check)
     try:
         _validate(Path(job_dir), spec, token_budget, warm, dry_run, timeouts, memory_cap_mb,
                   report)
@@ -141,12 +90,12 @@ def validate_job(job_dir: Path | str, spec: TaskSpec, *, token_budget: int = DEF
 
 
 def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_run: bool,
-              timeouts: Timeouts, memory_cap_mb: int, report: _Report) -> None:
+              timeouts: Timeouts, memory_cap_mb: int, report: CheckLog) -> None:
     try:
         layout = read_layout(job_dir)
     except LayoutError as exc:
         report.add("files", False, str(exc))
-        _trusted_checks(job_dir, None, token_budget, report)
+        trusted_checks(job_dir, None, token_budget, report)
         return
     rows = DATA if layout.has_data else "no data file (load() makes the rows)"
     report.add("files", True, f"config.toml, {rows}, env/pyproject.toml, env/{layout.package}/")
@@ -155,120 +104,25 @@ def _validate(job_dir: Path, spec: TaskSpec, token_budget: int, warm: bool, dry_
         source = JobTaskSource(layout.root, limits=PROBE_LIMITS, timeouts=timeouts,
                                warm=warm, package=layout.package)
     except SandboxError as exc:  # the sandbox itself did not start: ours, not the job's
-        _trusted_checks(job_dir, layout, token_budget, report)
+        trusted_checks(job_dir, layout, token_budget, report)
         report.harness_failure = True
         report.add("imports", False, f"the sandbox did not start: {exc}; this is not your "
                    "job's fault — resubmit")
         return
     except TaskSourceError as exc:  # staging the job's files failed: the files' problem
-        _trusted_checks(job_dir, layout, token_budget, report)
+        trusted_checks(job_dir, layout, token_budget, report)
         report.add("imports", False, f"could not stage the job for the sandbox: {exc}")
         return
     with source:
-        config = _trusted_checks(job_dir, layout, token_budget, report)
+        config = trusted_checks(job_dir, layout, token_budget, report)
         tokenizer = _tokenizer(config.base_model) if config else None
         _sandbox_checks(source, spec, config, tokenizer, dry_run, memory_cap_mb, report)
-
-
-def static_checks(job_dir: Path | str,
-                  token_budget: int = DEFAULT_TOKEN_BUDGET) -> list[Check]:
-    """The checks that need no sandbox: files, config (with a known base model), budget,
-    dataset. `nestor job export` runs these before writing anything."""
-    report, job_dir = _Report(), Path(job_dir)
-    try:
-        read_layout(job_dir)
-    except LayoutError as exc:
-        report.add("files", False, str(exc))
-    _trusted_checks(job_dir, None, token_budget, report)
-    return report.checks
-
-
-def _trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
-                    report: _Report) -> JobConfig | None:
-    config = None
-    if is_plain_file(job_dir, CONFIG):  # a link or special file: the files check said so
-        try:
-            config = load_job_config(job_dir / "config.toml")
-        except JobConfigError as exc:
-            problem = _model_problem(_raw_base_model(job_dir / "config.toml"))
-            report.add("config", False, str(exc) + (f"; {problem}" if problem else ""))
-        else:
-            problem = _model_problem(config.base_model)
-            if problem:
-                report.add("config", False, problem)
-                config = None
-            else:
-                report.add("config", True, f"base model {config.base_model}, {config.max_steps} "
-                           f"steps of {config.prompts_per_step}×{config.group_size}")
-    if config is not None:
-        error = config.budget_error(token_budget)
-        report.add("budget", error is None, error or f"{config.sampled_tokens():,} of "
-                   f"{token_budget:,} sampled tokens")
-    if is_plain_file(job_dir, DATA):
-        ok, message = check_dataset(job_dir / DATA, root=job_dir)
-        report.add("dataset", ok, message)
-    elif layout is not None:  # the short form: the rows are load()'s, checked in the sandbox
-        report.add("dataset", True, f"no {DATA}: the rows are the ones load() makes (the "
-                   "load, context, memory and rubric checks run on them)")
-    return config
-
-
-def _raw_base_model(path: Path) -> str:
-    """base_model as written, so an unknown model is named together with the schema errors."""
-    try:
-        text = read_text(path.parent, path.name, MAX_CONFIG_BYTES)
-        value = tomllib.loads(text).get("base_model", "tiny-m")
-    except (UnsafeFileError, tomllib.TOMLDecodeError, RecursionError):
-        return "tiny-m"
-    return value if isinstance(value, str) else "tiny-m"
-
-
-def _model_problem(name: str) -> str | None:
-    try:
-        from nestor.models.registry import MODEL_NAMES
-    except ImportError:  # the registry is not installed in this build: trust the name
-        return None
-    if name not in MODEL_NAMES:
-        return f"config.toml: base_model {name!r} is not a known model; use one of " + \
-            ", ".join(MODEL_NAMES)
-    return None
-
-
-def check_dataset(path: Path, root: Path | None = None) -> tuple[bool, str]:
-    """Every line of data/train.jsonl is a JSON object with a string `prompt` (and, if present,
-    a string or number `answer`). The file is read without following links from `root` (the
-    job directory; default: the file's own directory), at most MAX_DATA_BYTES of it."""
-    rows = 0
-    root = Path(root) if root is not None else path.parent
-    try:
-        text = read_text(root, path.relative_to(root).as_posix(), MAX_DATA_BYTES)
-    except UnsafeFileError as exc:
-        return False, str(exc)
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-            return False, f"{DATA} line {lineno}: not JSON ({exc}); write one JSON " \
-                "object per line"
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            return False, f"{DATA} line {lineno}: each row must be a JSON object with " \
-                f"a string \"prompt\", got {line.strip()[:80]!r}"
-        if "answer" in row and not isinstance(row["answer"], str | int | float):
-            return False, f"{DATA} line {lineno}: \"answer\" must be a string"
-        rows += 1
-        if rows > MAX_ROWS:
-            return False, f"{DATA}: more than {MAX_ROWS:,} rows; keep it smaller"
-    if rows == 0:
-        return False, f"{DATA} is empty; write one JSON object per line"
-    return True, f"{rows:,} rows"
 
 
 # ----------------------------------------------------------------------------- the sandbox
 
 def _sandbox_checks(source: JobTaskSource, spec: TaskSpec, config: JobConfig | None,
-                    tokenizer, dry_run: bool, memory_cap_mb: int, report: _Report) -> None:
+                    tokenizer, dry_run: bool, memory_cap_mb: int, report: CheckLog) -> None:
     try:
         source.start()
     except TaskSourceError as exc:  # no job code runs before import: the host's trouble
@@ -302,7 +156,7 @@ def _sandbox_checks(source: JobTaskSource, spec: TaskSpec, config: JobConfig | N
         _dry_run(source, tasks, config, report)
 
 
-def _check_tasks(tasks: list[dict], source: JobTaskSource, report: _Report) -> bool:
+def _check_tasks(tasks: list[dict], source: JobTaskSource, report: CheckLog) -> bool:
     if len(tasks) < MIN_TASKS:
         return report.add("load", False, f"load() yielded {len(tasks)} tasks; it needs at least "
                           f"{MIN_TASKS} (varied prompts: the trainer samples a batch per step)")
@@ -320,7 +174,7 @@ def _check_tasks(tasks: list[dict], source: JobTaskSource, report: _Report) -> b
                       f"in {source.timings.get('load', 0):.2f} s")
 
 
-def _check_context(tasks: list[dict], config: JobConfig, tokenizer, report: _Report) -> bool:
+def _check_context(tasks: list[dict], config: JobConfig, tokenizer, report: CheckLog) -> bool:
     limit = _context_length(config.base_model)
     if tokenizer is None or limit is None:
         return report.add("context", True, f"skipped: no tokenizer for {config.base_model} here")
@@ -336,7 +190,7 @@ def _check_context(tasks: list[dict], config: JobConfig, tokenizer, report: _Rep
 
 
 def _check_memory(tasks: list[dict], config: JobConfig, tokenizer, cap_mb: int,
-                  report: _Report) -> bool:
+                  report: CheckLog) -> bool:
     """The trainer's estimated peak memory (job/memory.py) within the cap."""
     shape = model_shape(config.base_model)
     if shape is None:
@@ -356,7 +210,7 @@ def _check_memory(tasks: list[dict], config: JobConfig, tokenizer, cap_mb: int,
 
 
 def _rubric_checks(source: JobTaskSource, tasks: list[dict], spec: TaskSpec,
-                   report: _Report) -> bool:
+                   report: CheckLog) -> bool:
     """Score probe replies twice; returns whether rewards were valid (the dry run needs it)."""
     picks = random.Random(0).sample(range(len(tasks)), min(RUBRIC_TASKS, len(tasks)))
     replies = probe_replies(tasks, picks, spec)
@@ -385,7 +239,7 @@ def _rubric_checks(source: JobTaskSource, tasks: list[dict], spec: TaskSpec,
 
 
 def _dry_run(source: JobTaskSource, tasks: list[dict], config: JobConfig,
-             report: _Report) -> None:
+             report: CheckLog) -> None:
     t0 = time.perf_counter()
     try:
         picks = random.Random(1).sample(range(len(tasks)), min(DRY_RUN_PROMPTS, len(tasks)))

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from nestor.agent.prompt import doc_job_files
 from nestor.cli import app
 from nestor.job.export import to_prime_rl, to_prime_rl_toml
+from nestor.job.file_checks import check_dataset
 from nestor.job.layout import LayoutError, read_layout
-from nestor.job.validate import check_dataset
 
 GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
 runner = CliRunner()

@@ -45,14 +45,15 @@ def test_the_context_check_refuses_it(bpe, monkeypatch):
     """SmolLM2's case, scaled down: the 16 prompts longest in characters are Latin and fit; a
     shorter CJK prompt does not."""
     from nestor.job import validate
+    from nestor.job.report import CheckLog
 
     monkeypatch.setattr(validate, "_context_length", lambda name: 2048)
     tasks = [{"prompt": LATIN + str(i)} for i in range(40)] + [{"prompt": CJK}]
-    report = validate._Report()
+    report = CheckLog()
     config = JobConfig(base_model="smollm2-135m", max_new_tokens=16)
     assert not validate._check_context(tasks, config, bpe, report)
     assert "task 40's prompt" in report.checks[-1].message
-    assert validate._check_context(tasks[:40], config, bpe, validate._Report())
+    assert validate._check_context(tasks[:40], config, bpe, CheckLog())
 
 
 def test_the_work_is_bounded_and_the_bound_is_sound(bpe, monkeypatch):

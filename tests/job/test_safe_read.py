@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from nestor.cli import app
 from nestor.job import safe_read
 from nestor.job.config import JobConfigError, load_job_config
+from nestor.job.file_checks import check_dataset
 from nestor.job.layout import LayoutError, read_layout
-from nestor.job.validate import check_dataset, validate_job
+from nestor.job.validate import validate_job
 from nestor.tasks import TaskRegistry
 
 GOOD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-reverse"
@@ -106,9 +107,9 @@ def test_size_caps_count_bytes_read_not_stat():
 
 def test_zero_size_but_large_dataset_is_capped(job, monkeypatch):
     # A file whose stat says 0 bytes (like /proc) but that reads past the cap.
-    import nestor.job.validate as validate
+    import nestor.job.file_checks as file_checks
 
-    monkeypatch.setattr(validate, "MAX_DATA_BYTES", 64)
+    monkeypatch.setattr(file_checks, "MAX_DATA_BYTES", 64)
     real_fstat = os.fstat
     monkeypatch.setattr(os, "stat", _zero_size(os.stat))
     monkeypatch.setattr(os, "fstat", _zero_size(real_fstat))

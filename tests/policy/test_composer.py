@@ -418,7 +418,7 @@ def test_a_budget_repair_that_reads_the_report_copies_the_max_steps_it_names(rep
     import tomllib
 
     from nestor.agent.episode import format_report
-    from nestor.job.validate import Check, ValidationReport
+    from nestor.job.report import Check, ValidationReport
 
     comp = Composer(ComposerConfig(seed=2, job_form="short", repair=repair))
     spec_obs = lambda *m: Observation([Message("system", "s"), *m], TOOL_SCHEMAS,  # noqa: E731

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from nestor.agent.episode import format_report
-from nestor.job.validate import static_checks, validate_job
+from nestor.job.file_checks import static_checks
+from nestor.job.validate import validate_job
 from nestor.policy.base import Message, Observation, TrainItem
 from nestor.policy.composer import Composer, ComposerConfig
 from nestor.policy.composer_decisions import CONFIG_KNOBS, WRITER_SLIPS
