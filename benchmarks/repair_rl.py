@@ -15,6 +15,9 @@ this run's policy as the adapter:
     python benchmarks/repair_rl.py --adapter runs/lm-arc6/sft --steps 16 --group 6
     python benchmarks/repair_eval.py --agent lm --adapter runs/repair-rl/policy --concurrency 27
 
+A run's policy/ is also an adapter to go on from (`--adapter runs/repair-rl/policy --seed 1`:
+other cases, the optimizer's moments fresh).
+
 Prints a line a step; the last line is one JSON object: each step's case, rewards and learner
 figures, and the repair rate over the first and the last half of the steps.
 """
