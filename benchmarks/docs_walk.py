@@ -73,7 +73,7 @@ SKIP = [
     (r"benchmarks/repair_eval\.py --agent lm", "the LM agent repairing slipped jobs: ~10 min to an hour on a CPU, run on its own"),
     (r"benchmarks/repair_rl\.py", "RL on the LM agent's repairs: ~3 min a step on a CPU, needs a warm start's adapter"),
     (r"benchmarks/clone_accuracy\.py", "scores the LM arc's warm starts: needs their adapters (hours of SFT)"),
-    (r"benchmarks/(loop_stop|lm_arc_report|lora_drift|lm_train_precision)\.py", "reads the LM arc's recorded runs: needs its run directories (hours)"),
+    (r"benchmarks/(loop_stop|lm_arc_report|lora_drift|lm_train_precision|repair_compare)\.py", "reads the LM arc's recorded runs: needs its run directories (hours)"),
     (r"gpu_check\.py.*smollm2", "the SmolLM2 agent's check, for a GPU with the lm-arc warm start"),
 ]
 

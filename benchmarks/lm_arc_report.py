@@ -61,6 +61,14 @@ def fisher_p(k1: int, n1: int, k2: int, n2: int) -> float:
     return min(1.0, sum(p for a in tables if (p := prob(a)) <= seen * (1 + 1e-9)))
 
 
+def mcnemar_p(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar test on paired outcomes: of the pairs where exactly one arm
+    succeeded, `only_a` went to arm A; under no difference each such pair is a fair coin."""
+    n = only_a + only_b
+    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 # ---- an arm's rows: what each episode's job holds (files read as data, never run) ---------
 
 def job_traits(ep_dir: Path) -> dict[str, Any]:

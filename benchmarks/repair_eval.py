@@ -8,7 +8,9 @@ on the first try; each is replayed with one of nestor/sft/slips.py's slips writt
 a turn, and the real probe fails it. From that report on, the agent under test acts, with the
 turns and submits configs/lm-arc.toml's episode leaves. A case is repaired when a later submit
 passes. Prints per kind and pooled repair rates with Wilson 95% intervals, the agent's first
-call after the report, and its malformed turns; the last line is one JSON object.
+call after the report, and its malformed turns; the last line is one JSON object, with a row per
+case. One --seed draws the same cases for any agent, so two adapters' runs pair case by case
+(benchmarks/repair_compare.py).
 
     python benchmarks/repair_eval.py --agent scripted      # the slips' own repairs: all pass
     python benchmarks/repair_eval.py --agent resubmit      # submit again unchanged: none pass
@@ -94,7 +96,7 @@ def repair_episode(case, composer, agent, ledger, episode, group_id: str | None 
     after = rec.messages[reports[0] + 1:] if reports else []
     own = [m for m in after if m.role == "assistant"]
     first_call = (own[0].tool_calls[0].name if own and own[0].tool_calls else "none")
-    row = {"task": task, "kind": kind, "caught": caught,
+    row = {"task": task, "episode_seed": ep_seed, "kind": kind, "caught": caught,
            "repaired": caught and rec.end_reason in TRAINED_ENDS, "end": rec.end_reason,
            "first_call": first_call, "turns": len(own),
            "malformed": sum(bool(t.parse_error) for t in rec.turns)}
@@ -172,7 +174,8 @@ def main() -> None:
           + (f" = {s['rate']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" if s["cases"] else "")
           + f"; by kind {s['by_kind']}; first call {s['first_call']}")
     print(json.dumps({"agent": args.agent, "adapter": str(args.adapter or config.policy.adapter),
-                      "tasks": tasks, "jobs": len({c[:2] for c in cases}), **s,
+                      "seed": args.seed, "tasks": tasks, "jobs": len({c[:2] for c in cases}),
+                      **s, "rows": rows,  # per case: what repair_compare.py pairs across arms
                       "seconds": round(time.time() - t0, 1)}))
 
 
