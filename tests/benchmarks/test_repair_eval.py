@@ -42,3 +42,7 @@ def test_the_scripted_repairs_pass_and_a_bare_resubmit_fails(tmp_path, monkeypat
     assert report["cases"] == 1 and report["rate"] == rate
     assert set(report["by_kind"]) == {"unterminated_string"}
     assert report["first_call"] == ({"edit_file": 1} if agent == "scripted" else {"submit": 1})
+    [row] = report["rows"]  # what repair_compare.py pairs on, and the outcome it pairs
+    assert (row["task"], row["kind"], row["repaired"]) == ("dashes", "unterminated_string",
+                                                           rate == 1.0)
+    assert report["seed"] == 0 and isinstance(row["episode_seed"], int)
