@@ -88,8 +88,8 @@ def drift(run_dir: Path) -> dict:
     net = torch.cat([(theta_t[k].float() - theta_0[k].float()).abs().flatten() / lr
                      for k in theta_t])
     return {"run": str(run_dir), "checkpoint": ckpt.name if ckpt else "policy", "steps": steps,
-            "lr": lr, "coordinates": net.numel(), "last_update": quantiles(last), "net_motion": quantiles(net),
-            "betas": betas, "eps": eps}
+            "lr": lr, "coordinates": net.numel(), "last_update": quantiles(last),
+            "net_motion": quantiles(net), "betas": betas, "eps": eps}
 
 
 def snr_estimate(net_median: float, sims: dict[float, dict]) -> float:

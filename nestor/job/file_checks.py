@@ -39,7 +39,8 @@ def static_checks(job_dir: Path | str,
 
 
 def trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
-                    report: CheckLog) -> JobConfig | None:
+                   report: CheckLog) -> JobConfig | None:
+    """config, budget and dataset, added to `report`; the job's config where it is valid."""
     config = None
     if is_plain_file(job_dir, CONFIG):  # a link or special file: the files check said so
         try:
