@@ -119,6 +119,21 @@ def read_line() -> bytes | None:
         _inbuf.extend(chunk)
 
 
+def requests():
+    """Each request from fd 0 as (its line, the request, its command); a line that is not a
+    request (not a JSON object, no string `cmd`) is answered as such and skipped."""
+    while (line := read_line()) is not None:
+        try:
+            req = json.loads(line)
+            cmd = req["cmd"]
+        except (ValueError, KeyError, TypeError):
+            cmd = None
+        if isinstance(cmd, str):
+            yield line, req, cmd
+        else:
+            reply({"ok": False, "stage": "host", "error": f"bad request: {line[:200]!r}"})
+
+
 def serve_job(job_dir: str) -> None:
     """The job's child: answer its requests until `end` or EOF."""
     OWNER[0] = os.getpid()
@@ -134,13 +149,7 @@ def serve_job(job_dir: str) -> None:
         reply({"ok": False, "stage": "host", "error": f"job dir {job_dir}: {exc}"})
         return
     reply({"ok": True, "pid": os.getpid()})
-    while (line := read_line()) is not None:
-        try:
-            req = json.loads(line)
-            cmd = req["cmd"]
-        except (ValueError, KeyError, TypeError):
-            reply({"ok": False, "stage": "host", "error": f"bad request: {line[:200]!r}"})
-            continue
+    for _line, req, cmd in requests():
         if cmd == "end":
             return  # the zygote acknowledges once everything of ours is gone
         if cmd not in COMMANDS:
@@ -245,13 +254,7 @@ def _relay(job, line: bytes):
 def zygote() -> None:
     """Serve jobs one at a time, each in fresh namespaces (host_ns.py); without them, one job."""
     job = None
-    while (line := read_line()) is not None:
-        try:
-            req = json.loads(line)
-            cmd = req["cmd"]
-        except (ValueError, KeyError, TypeError):
-            reply({"ok": False, "stage": "host", "error": f"bad request: {line[:200]!r}"})
-            continue
+    for line, req, cmd in requests():
         if cmd == "hello":
             reply({"ok": True, **cmd_hello(req)})
         elif cmd == "end":  # the zygote, never the job, says when a job has ended
