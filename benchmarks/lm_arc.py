@@ -8,7 +8,8 @@ Phases (configs/lm-arc.toml; every phase's files under --out):
    the demos, so the cloning can run on another machine (a GPU) and be copied back.
 2. per seed: `nestor train` (IS-GRPO) from that adapter for --rl-steps steps (OUT/rl-sN/).
 3. arms: untrained, warm-started, each seed's RL-trained policy (and with --composer the
-   composer itself, untrained; with --composer-checkpoint a trained one) each run
+   composer itself, untrained; with --composer-checkpoint a trained one; with --adapter-arm
+   NAME=DIR the LM policy from any adapter, e.g. benchmarks/repair_rl.py's) each run
    --eval-episodes episodes per training task and --heldout-episodes per held-out task
    (OUT/eval-*/); jobs are trained on a local pool unless --validate-only (then reward and
    quality are n/a).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import zlib
@@ -156,6 +158,24 @@ def policy_file(path: Path) -> Path:
     return path
 
 
+BUILT_IN_ARMS = {"composer", "composer-trained", "untrained", "warm-started", "rl-pooled"}
+
+
+def adapter_arm(text: str) -> tuple[str, Path]:
+    """--adapter-arm NAME=DIR: an arm's name (lower-case letters, digits, dashes; not one this
+    script names itself, nor rl-sN) and a LoRA adapter directory that exists."""
+    name, sep, path = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or name in BUILT_IN_ARMS \
+            or re.fullmatch(r"rl-s\d+", name):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give NAME=DIR, NAME of lower-case letters, digits and dashes and none "
+            f"of {sorted(BUILT_IN_ARMS)} or rl-sN (e.g. rl-repair=runs/repair8/rl/policy)")
+    if not Path(path).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {path} is not a directory (a `nestor sft` "
+                                         "--out, a run's policy/ or its adapter/)")
+    return name, Path(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=CONFIG)
@@ -196,6 +216,10 @@ def main() -> None:
                     "in the short form on the same episodes: a run directory (its latest "
                     "checkpoint, e.g. benchmarks/arc.py's runs/arc/arc-s0), a checkpoint "
                     "directory or a policy file")
+    ap.add_argument("--adapter-arm", type=adapter_arm, action="append", default=[],
+                    metavar="NAME=DIR", help="also measure the LM policy from the adapter in DIR "
+                    "as arm NAME, on the same episodes (a name starting rl- counts as an "
+                    "RL-trained arm against the warm start's held-out arm); repeatable")
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["untrained", "warm", "warm-eval", "rl"],
                     help="leave out the untrained arm, the warm start (and all after it), the "
@@ -270,6 +294,10 @@ def main() -> None:
         warm_cfg.policy.adapter = str(out / "sft")
         if "warm" not in args.skip and "warm-eval" not in args.skip:
             evaluate("warm-started", make_policy(warm_cfg), seed0)
+        for name, adapter in args.adapter_arm:  # e.g. benchmarks/repair_rl.py's policy/
+            arm_cfg = config.model_copy(deep=True)
+            arm_cfg.policy.adapter = str(adapter)
+            evaluate(name, make_policy(arm_cfg), seed0)
         if "rl" not in args.skip and "warm" not in args.skip:
             from nestor.outer.checkpoint import latest_checkpoint
 

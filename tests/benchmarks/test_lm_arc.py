@@ -57,3 +57,45 @@ def test_a_trained_composer_is_an_arm_on_the_same_episodes(tmp_path, monkeypatch
     assert "composer" not in report["arms"]  # the untrained one only with --composer
     # the same arm read back from what the run recorded
     assert lm_arc_report.report_recorded([tmp_path / "out"])["arms"]["composer-trained"] == arm
+
+
+def test_an_adapter_arm_is_a_name_and_a_directory(tmp_path):
+    from argparse import ArgumentTypeError
+
+    assert lm_arc.adapter_arm(f"rl-repair={tmp_path}") == ("rl-repair", tmp_path)
+    for bad in (str(tmp_path), f"warm-started={tmp_path}", f"rl-s2={tmp_path}",
+                f"Rl Repair={tmp_path}", f"rl-repair={tmp_path / 'none'}"):
+        with pytest.raises(ArgumentTypeError, match="NAME=DIR|not a directory"):
+            lm_arc.adapter_arm(bad)
+
+
+@pytest.mark.slow
+def test_an_adapter_arm_runs_the_configs_lm_policy_from_that_adapter(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The arm's policy is the config's, with only its adapter changed; it runs on the same
+    episodes as any other arm and, named rl-*, is compared with the warm start's held-out arm.
+    (The policy itself is the composer here: an LM arm costs minutes of SmolLM2.)"""
+    import json
+
+    from nestor.policy.composer import Composer, ComposerConfig
+
+    made = []
+
+    def make_policy(config):
+        made.append(config.policy)
+        return Composer(ComposerConfig(job_form="short", base_models=["tiny-s"]))
+
+    monkeypatch.setattr("nestor.outer.episodes.make_policy", make_policy)
+    adapter = tmp_path / "repair" / "policy"
+    adapter.mkdir(parents=True)
+    monkeypatch.setattr("sys.argv", [
+        "lm_arc.py", "--out", str(tmp_path / "out"), "--seeds", "0", "--eval-tasks",
+        "--heldout-tasks", "dashes", "--heldout-episodes", "2", "--validate-only",
+        "--adapter-arm", f"rl-repair={adapter}", "--skip", "untrained", "warm"])
+    lm_arc.main()
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(p.kind, p.adapter, p.model) for p in made] == [("lm", str(adapter), "smollm2-135m")]
+    assert report["arms"]["rl-repair"]["heldout"]["n"] == 2
+    assert report["arms"]["rl-repair"]["train"]["n"] == 0
+    assert lm_arc_report.report_recorded([tmp_path / "out"])["arms"]["rl-repair"] == \
+        report["arms"]["rl-repair"]
