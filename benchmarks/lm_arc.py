@@ -158,6 +158,13 @@ def policy_file(path: Path) -> Path:
     return path
 
 
+def from_adapter(config, adapter: Path | None):
+    """The run config with its LM policy starting from `adapter` (None: the untrained model)."""
+    arm = config.model_copy(deep=True)
+    arm.policy.adapter = None if adapter is None else str(adapter)
+    return arm
+
+
 BUILT_IN_ARMS = {"composer", "composer-trained", "untrained", "warm-started", "rl-pooled"}
 
 
@@ -287,17 +294,12 @@ def main() -> None:
                 trained.load(policy_file(args.composer_checkpoint))
                 evaluate("composer-trained", trained, seed0)
         if "untrained" not in args.skip:
-            untrained = config.model_copy(deep=True)
-            untrained.policy.adapter = None
-            evaluate("untrained", make_policy(untrained), seed0)
-        warm_cfg = config.model_copy(deep=True)
-        warm_cfg.policy.adapter = str(out / "sft")
+            evaluate("untrained", make_policy(from_adapter(config, None)), seed0)
+        warm_cfg = from_adapter(config, out / "sft")
         if "warm" not in args.skip and "warm-eval" not in args.skip:
             evaluate("warm-started", make_policy(warm_cfg), seed0)
         for name, adapter in args.adapter_arm:  # e.g. benchmarks/repair_rl.py's policy/
-            arm_cfg = config.model_copy(deep=True)
-            arm_cfg.policy.adapter = str(adapter)
-            evaluate(name, make_policy(arm_cfg), seed0)
+            evaluate(name, make_policy(from_adapter(config, adapter)), seed0)
         if "rl" not in args.skip and "warm" not in args.skip:
             from nestor.outer.checkpoint import latest_checkpoint
 
