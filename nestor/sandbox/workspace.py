@@ -171,6 +171,9 @@ class Workspace:
     def edit_file(self, path: str, old_string: str, new_string: str) -> str:
         if old_string == "":
             raise WorkspaceError("old_string is empty; give the exact text to replace")
+        if new_string == old_string:  # warm-started clones 'repair' by copying a line
+            raise WorkspaceError("new_string is the same as old_string: the edit would change "
+                                 "nothing; write the corrected text in new_string")
         text = self.read_file(path)
         if text.startswith("error: "):
             return text

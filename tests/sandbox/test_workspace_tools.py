@@ -126,6 +126,10 @@ def test_edit_file_needs_exactly_one_match(ws):
     out = ws.edit_file("env/r.py", "return 2", "return 1")
     assert out.startswith("error: ") and "not found" in out
     assert "old_string is empty" in ws.edit_file("env/r.py", "", "x")
+    before = ws.read_file("env/r.py")
+    out = ws.edit_file("env/r.py", "def g():", "def g():")  # a no-op "repair" is told so
+    assert out.startswith("error: ") and "change nothing" in out
+    assert ws.read_file("env/r.py") == before
     out = ws.edit_file("env/r.py", "def g():\n    return 0", "def g():\n    return 1")
     assert out == "ok: replaced 1 occurrence at line 4 of env/r.py"
     assert ws.read_file("env/r.py").endswith("def g():\n    return 1\n")
