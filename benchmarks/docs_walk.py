@@ -84,6 +84,7 @@ REWRITE = [
     (r"^(nestor job train\b(?!.*--max-steps).*)", r"\1 --max-steps 2"),
     (r"--max-steps \d+", "--max-steps 2"),
     (r"--episodes \d+", "--episodes 1"),
+    (r"--secrets \d+", "--secrets 2 --tasks reverse"),  # contamination_refusals.py
     (r"^(nestor eval\b(?!.*--n ).*)", r"\1 --n 20"),
     (r"^(nestor models pretrain\b.*--model (\S+).*)", r"\1 --steps 2 --out pretrained-\2"),
     (r"^(nestor pool run\b.*)", r"\1 --timeout 300"),

@@ -2,7 +2,7 @@
 
 For every built-in task: the input space's size (estimated by capture-recapture over the task's
 sampler), and the share of the 200 hidden items that honest datasets of 500, 2,000 and 10,000
-draws hold (the contamination check's baseline; nestor/inner/contamination.py). Runs under a
+draws hold (by chance: docs/tasks.md). Runs under a
 throwaway secret (NESTOR_HIDDEN_SEED), so it never touches the installation's own.
 
     .venv/bin/python benchmarks/hidden_coverage.py [--sizes 500 2000 10000]
@@ -20,7 +20,8 @@ import secrets
 
 os.environ["NESTOR_HIDDEN_SEED"] = secrets.token_hex(16)  # before anything reads the secret
 
-from nestor.inner.contamination import honest_overlap  # noqa: E402
+from contamination_refusals import sampler_counts  # noqa: E402
+
 from nestor.tasks import TaskRegistry  # noqa: E402
 from nestor.tasks.hidden import DEFAULT_N  # noqa: E402
 
@@ -42,8 +43,8 @@ def main() -> None:
     for ref in TaskRegistry().tasks(include_heldout=True):
         row = {"space": space_size(ref)}
         for size in args.sizes:
-            mean, _ = honest_overlap(ref, 0, size, draws=3)
-            row[f"held_of_{DEFAULT_N}_at_{size}"] = round(mean, 1)
+            counts = sampler_counts(ref, size)
+            row[f"held_of_{DEFAULT_N}_at_{size}"] = round(sum(counts) / len(counts), 1)
         rows[ref.id] = row
         print(ref.id, row, flush=True)
     print(json.dumps({"hidden_n": DEFAULT_N, "difficulty": 0, "tasks": rows}))

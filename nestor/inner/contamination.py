@@ -1,14 +1,22 @@
 """Does a job train on the hidden eval? Compared here, in the trusted process, on plain data.
 
 A job's tasks are what its `load()` yielded in the sandbox (prompts and answers as strings: the
-very prompts the trainer will see). A hidden item counts as in the job when some task has the
-item's answer (or none) and its prompt holds the item's own words in order: the item's prompt
-less the words every item of the task shares (the template), so "37+10=" is found in "What is
-37 plus 10?". The job is refused when it holds more hidden items than a dataset of the same
-size drawn from the task's own sampler would (its mean over a few draws, plus four standard
-deviations): an honest dataset of a small input space overlaps the hidden eval by chance
-(docs/tasks.md), a copied one far more. The refusal names no item and no count, so that it
-tells an agent nothing about which items are hidden.
+very prompts the trainer will see). An eval item counts as in the job when some task's prompt
+holds the item's own words in order: the item's prompt less the words every item of the task
+shares (the template), so "37+10=" is found in "What is 37 plus 10?", and in a few-shot prompt
+that shows it among others. The task's answer is not asked for: the rubric, in the sandbox, may
+score from anything (it can compute a reversal itself), so a wrong or blank answer must not hide
+a hidden prompt.
+
+An honest dataset of a small input space holds hidden items by chance (docs/tasks.md), and as
+many as it holds of any other eval drawn the same way: it cannot tell the hidden eval from one
+drawn under a fresh seed. So the job's count of hidden items is set beside its counts of a few
+such fresh evals (`draw_items`), and the job is refused when an honest job would hold as many
+with probability at most FALSE_REFUSAL (`over_honest`, an exact test). Comparing the job with
+itself, not with a dataset of the task's sampler, is what lets an honest job draw its inputs its
+own way (short inputs first, one length only) and keeps rows that hold no task's input (padding)
+from widening the allowance. The refusal names no item and no count, so that it tells an agent
+nothing about which items are hidden.
 """
 
 from __future__ import annotations
@@ -17,21 +25,25 @@ import math
 import random
 import re
 import secrets
+import unicodedata
 from collections import defaultdict
+from collections.abc import Sequence
 
-from nestor.tasks.base import normalise
-from nestor.tasks.hidden import DEFAULT_N, hidden_eval
+from nestor.tasks.hidden import DEFAULT_N, EvalItem, draw_items, hidden_eval
 from nestor.tasks.registry import TaskRef
 
-HONEST_DRAWS = 3
-MAX_DRAWS = 200_000  # per honest draw: covers a space of ~10^4 inputs, bounds the work
-REFUSAL = ("the job's tasks hold more of the hidden eval's items than a dataset of the same size "
-           "drawn from the task would; generate your own inputs (the hidden eval is not yours to "
-           "see)")
+FRESH_EVALS = 8  # drawn and matched with the hidden one: ~0.5 s for a 100,000-row job
+FALSE_REFUSAL = 1e-4  # the chance that an honest job is refused, at most
+REFUSAL = ("the job's tasks hold more of the hidden eval's items than a job that never saw it "
+           "would; generate your own inputs (the hidden eval is not yours to see)")
 _WORD = re.compile(r"[^\W_]+|[^\w\s]")  # runs of letters/digits, and single symbols
 
 
 def _words(text: str) -> list[str]:
+    """Lowercase words, folded so that look-alike or invisible characters hide none: compatibility
+    forms read as their letters (fullwidth "ａｂｃ" is "abc"), format characters dropped (a
+    zero-width space inside "abc" does not make it two words)."""
+    text = "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
     return _WORD.findall(text.lower())
 
 
@@ -40,56 +52,77 @@ def _in_order(needle: list[str], haystack: list[str]) -> bool:
     return all(w in it for w in needle)
 
 
+class JobTasks:
+    """The words of a job's tasks (the text the trainer prompts with), indexed by word."""
+
+    def __init__(self, tasks: list[dict]):
+        self.texts = [_words(" ".join(str(t.get(k) or "") for k in ("system_prompt", "prompt")))
+                      for t in tasks]
+        self.rows_with: dict[str, set[int]] = defaultdict(set)
+        for row, words in enumerate(self.texts):
+            for w in words:
+                self.rows_with[w].add(row)
+
+    def held(self, items: Sequence[EvalItem]) -> int:
+        """How many distinct items (by input) some task's text holds, their own words in order."""
+        items_by_input = {it.input: it for it in items}
+        words = {x: [w for w in _words(it.prompt) if w.isalnum()]
+                 for x, it in items_by_input.items()}
+        template = set.intersection(*(set(w) for w in words.values())) if words else set()
+        held = 0
+        for x in items_by_input:
+            own = [w for w in words[x] if w not in template] or words[x]
+            if not own:
+                continue
+            postings = sorted((self.rows_with.get(w, set()) for w in set(own)), key=len)
+            rows = postings[0].intersection(*postings[1:])
+            held += any(_in_order(own, self.texts[row]) for row in rows)
+        return held
+
+
 def hidden_items_held(ref: TaskRef, difficulty: int, tasks: list[dict],
                       n: int = DEFAULT_N) -> int:
     """How many distinct hidden items the job's tasks hold (never shown to the job)."""
-    items = {it.input: it for it in hidden_eval(ref, n=n, difficulty=difficulty).items}
-    words = {x: [w for w in _words(it.prompt) if w.isalnum()] for x, it in items.items()}
-    template = set.intersection(*(set(w) for w in words.values())) if words else set()
-    by_answer: dict[str, list[list[str]]] = defaultdict(list)
-    unanswered: dict[str, list[list[str]]] = defaultdict(list)  # by each word they hold
-    for task in tasks:
-        prompt = _words(str(task.get("prompt", "")))
-        answer = task.get("answer")
-        if answer is None:
-            for w in set(prompt):
-                unanswered[w].append(prompt)
-        else:
-            by_answer[normalise(str(answer))].append(prompt)
-    held = 0
-    for x, item in items.items():
-        own = [w for w in words[x] if w not in template] or words[x]
-        candidates = by_answer.get(normalise(item.answer), []) + unanswered.get(own[0], []) \
-            if own else []
-        held += any(_in_order(own, prompt) for prompt in candidates)
-    return held
+    return JobTasks(tasks).held(hidden_eval(ref, n=n, difficulty=difficulty).items)
 
 
-def honest_overlap(ref: TaskRef, difficulty: int, size: int, n: int = DEFAULT_N,
-                   draws: int = HONEST_DRAWS) -> tuple[float, float]:
-    """Mean and standard deviation of the hidden items held by `size` distinct inputs drawn
-    from the task's sampler (fresh seeds: nothing an agent could aim at)."""
-    hidden = {it.input for it in hidden_eval(ref, n=n, difficulty=difficulty).items}
-    counts = []
-    for _ in range(draws):
-        rng = random.Random(secrets.token_hex(8))
-        seen: set[str] = set()
-        for _ in range(min(50 * max(size, 1), MAX_DRAWS)):
-            if len(seen) >= size:
-                break
-            seen.add(ref.task.sample(rng, difficulty))
-        counts.append(len(seen & hidden))
-    mean = sum(counts) / len(counts)
-    # a draw's count is close to binomial: its variance is at most its mean
-    return mean, math.sqrt(max(mean, 1.0))
+def fresh_counts(ref: TaskRef, difficulty: int, job: JobTasks, n: int = DEFAULT_N,
+                 evals: int = FRESH_EVALS) -> list[int]:
+    """The items the job holds of each of `evals` evals drawn as the hidden one is, under fresh
+    seeds (nothing an agent could aim at)."""
+    return [job.held(draw_items(ref, n, difficulty, random.Random(secrets.token_hex(8))))
+            for _ in range(evals)]
+
+
+def _binomial_tail(trials: int, p: float, k: int) -> float:
+    """P(Binomial(trials, p) >= k)."""
+    def log_pmf(i: int) -> float:
+        return (math.lgamma(trials + 1) - math.lgamma(i + 1) - math.lgamma(trials - i + 1)
+                + i * math.log(p) + (trials - i) * math.log1p(-p))
+    return sum(math.exp(log_pmf(i)) for i in range(k, trials + 1))
+
+
+def over_honest(held: int, honest: list[int], alpha: float = FALSE_REFUSAL) -> bool:
+    """Is `held` more than the `honest` counts it is set beside allow?
+
+    For an honest job, its hidden count and its fresh counts are alike: each the hits of n
+    draws of one procedure on the same rows, close to a binomial (variance at most its mean μ,
+    so a Poisson is the wider model). Given their total, the hidden count's share is then
+    Binomial(total, 1/(k+1)) for k fresh counts, whatever μ is, and the job is refused when a
+    share as large has probability at most `alpha`. This allows for the baseline's own error,
+    which a threshold of a mean plus a few standard deviations does not: under the rule before
+    (three draws' mean + 4 sd + 2), draws holding 0, 1 and 1 where 2 is usual refused an honest
+    job holding 7, which one honest job in 220 does.
+    """
+    total = held + sum(honest)
+    return _binomial_tail(total, 1 / (len(honest) + 1), held) <= alpha
 
 
 def contamination_error(ref: TaskRef, difficulty: int, tasks: list[dict],
                         n: int = DEFAULT_N) -> str | None:
     """None, or why the job is refused (a message that names no hidden item)."""
-    size = len({str(t.get("prompt", "")) for t in tasks})
-    held = hidden_items_held(ref, difficulty, tasks, n)
+    job = JobTasks(tasks)
+    held = job.held(hidden_eval(ref, n=n, difficulty=difficulty).items)
     if held == 0:
         return None
-    mean, sd = honest_overlap(ref, difficulty, size, n)
-    return REFUSAL if held > mean + 4 * sd + 2 else None
+    return REFUSAL if over_honest(held, fresh_counts(ref, difficulty, job, n)) else None

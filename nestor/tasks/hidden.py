@@ -48,10 +48,18 @@ class HiddenEval:
 
 def hidden_eval(ref: TaskRef, n: int = DEFAULT_N, difficulty: int = 0) -> HiddenEval:
     """n distinct items from the task's sampler under a secret seed, disjoint from the
-    spec's worked examples. Small input spaces may hold fewer than n distinct items; then
-    items repeat (drawn with replacement) so that n stays as asked."""
+    spec's worked examples."""
     salt = ref.family.hidden_salt or _BUILTIN_SALTS[ref.family.name]
     rng = random.Random(keyed_seed(f"{salt}:{ref.id}:{difficulty}"))
+    return HiddenEval(ref.id, difficulty, draw_items(ref, n, difficulty, rng),
+                      ref.task.new_tokens(difficulty))
+
+
+def draw_items(ref: TaskRef, n: int, difficulty: int,
+               rng: random.Random) -> tuple[EvalItem, ...]:
+    """How a hidden eval's items are drawn, from any seed: n distinct inputs of the task's
+    sampler, none a worked example of the spec. Small input spaces may hold fewer than n
+    distinct items; then items repeat (drawn with replacement) so that n stays as asked."""
     excluded = {e.input for e in ref.task.examples(difficulty)}
     distinct: list[str] = []
     seen: set[str] = set()
@@ -63,5 +71,4 @@ def hidden_eval(ref: TaskRef, n: int = DEFAULT_N, difficulty: int = 0) -> Hidden
             seen.add(x)
             distinct.append(x)
     inputs = distinct + [rng.choice(distinct) for _ in range(n - len(distinct))]
-    items = tuple(EvalItem(x, ref.task.prompt(x), ref.task.solve(x)) for x in inputs)
-    return HiddenEval(ref.id, difficulty, items, ref.task.new_tokens(difficulty))
+    return tuple(EvalItem(x, ref.task.prompt(x), ref.task.solve(x)) for x in inputs)

@@ -2,12 +2,20 @@
 the refusal says nothing about which items are hidden."""
 
 import json
+import math
 import random
 from pathlib import Path
 
 import pytest
 
-from nestor.inner.contamination import REFUSAL, contamination_error, hidden_items_held
+from nestor.inner.contamination import (
+    FALSE_REFUSAL,
+    FRESH_EVALS,
+    REFUSAL,
+    contamination_error,
+    hidden_items_held,
+    over_honest,
+)
 from nestor.tasks import TaskRegistry
 from nestor.tasks.hidden import hidden_eval
 
@@ -29,12 +37,10 @@ def test_the_hidden_eval_as_data_is_refused(task_id):
     assert contamination_error(ref, 0, tasks) == REFUSAL
 
 
-def test_honest_data_of_a_small_input_space_passes(monkeypatch):
+def test_honest_data_of_a_small_input_space_passes():
     """good-add's own 2,000 rows hold dozens of the 200 hidden items by chance (the input
-    space is 10,000): as many as any honest draw of that size does."""
-    # One installation's secret, fixed: under a fresh clone's random one an honest 3,000-row
-    # `reverse` draw was once refused (the threshold's false-refusal rate is an open question).
-    monkeypatch.setenv("NESTOR_HIDDEN_SEED", "a fixed installation secret")
+    space is 10,000): as many as any honest draw of that size does. Under whatever secret this
+    installation has: an honest job is refused with probability at most FALSE_REFUSAL."""
     rows = [json.loads(line) for line in
             (GOOD_ADD / "data" / "train.jsonl").read_text().splitlines()]
     ref = REG.get("add")
@@ -42,6 +48,86 @@ def test_honest_data_of_a_small_input_space_passes(monkeypatch):
     assert contamination_error(ref, 0, rows) is None
     for task_id in ("add", "reverse", "max"):
         assert contamination_error(REG.get(task_id), 0, _honest(task_id, 3000, 7)) is None
+
+
+def _poisson(k: int, mean: float) -> float:
+    return math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))
+
+
+def _honest_refusal_rate(mean: float, fresh: int) -> float:
+    """P(over_honest refuses), when the hidden count and each of `fresh` counts are
+    Poisson(mean): summed over the fresh counts' total t (all an exact test looks at), times the
+    chance that the hidden count reaches the fewest items refused beside t."""
+    rate, spread = 0.0, 10 * math.sqrt(fresh * mean) + 10
+    for t in range(max(0, int(fresh * mean - spread)), int(fresh * mean + spread)):
+        counts = [t] + [0] * (fresh - 1)
+        least = next(x for x in range(1, 10_000) if over_honest(x, counts))
+        tail = 1 - sum(_poisson(x, mean) for x in range(least))
+        rate += _poisson(t, fresh * mean) * max(tail, 0.0)
+    return rate
+
+
+@pytest.mark.parametrize(("mean", "fresh"), [(0.5, 3), (2, 3), (5, 3), (11, 3),
+                                             (2, FRESH_EVALS), (11, FRESH_EVALS)])
+def test_an_honest_job_is_refused_at_most_at_the_stated_rate(mean, fresh):
+    """Where the fresh counts are low by chance, the limit must still not refuse honest jobs:
+    a mean of three plus four standard deviations plus two (the rule before) refuses 5.7 in
+    10,000 at a mean of 2, the `reverse` task's at 3,000 rows."""
+    assert _honest_refusal_rate(mean, fresh) <= FALSE_REFUSAL
+
+
+def test_an_honest_job_that_draws_its_own_way_passes():
+    """The shortest third of 9,000 `acronym` draws: two-word inputs only, so it holds far more
+    of the hidden eval's two-word items than a draw of the sampler's own would. It holds as many
+    of any eval drawn the same way, so it passes (the rule before refused 20 of 20 such jobs,
+    benchmarks/contamination_refusals.py)."""
+    ref, rng = REG.get("acronym"), random.Random(4)
+    draws = sorted((ref.task.sample(rng, 0) for _ in range(9000)), key=len)[:3000]
+    rows = [{"prompt": ref.task.prompt(x), "answer": ref.task.solve(x)} for x in set(draws)]
+    assert hidden_items_held(ref, 0, rows) > 40
+    assert contamination_error(ref, 0, rows) is None
+
+
+def test_hidden_items_among_rows_of_no_task_are_refused():
+    """Padding widened the rule before's allowance (a sampler's draw of as many distinct
+    prompts); rows that hold no task's input hold no fresh eval's items either."""
+    ref = REG.get("add")
+    padding = [{"prompt": f"filler {i}", "answer": f"f{i}"} for i in range(5000)]
+    copied = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items[:20]]
+    assert contamination_error(ref, 0, padding + copied) == REFUSAL
+
+
+def test_hidden_prompts_under_wrong_answers_or_among_examples_are_found():
+    """The answer the trusted side sees need not be the one the rubric scores by (a rubric can
+    compute a reversal itself), and a few-shot prompt trains on every example it shows."""
+    ref = REG.get("reverse")
+    items = hidden_eval(ref).items
+    blank = [{"prompt": it.prompt, "answer": "?"} for it in items]
+    assert contamination_error(ref, 0, blank) == REFUSAL
+    shots = [{"prompt": f"{a.prompt} -> {a.answer}\n{b.prompt} -> {b.answer}\nreverse xyzzy",
+              "answer": "yzzyx"} for a, b in zip(items[::2], items[1::2], strict=True)]
+    assert hidden_items_held(ref, 0, shots) == len({it.input for it in items})
+    assert contamination_error(ref, 0, shots) == REFUSAL
+
+
+def test_hidden_prompts_in_look_alike_or_invisible_characters_are_found():
+    ref = REG.get("reverse")
+    items = hidden_eval(ref).items
+    fullwidth = str.maketrans({c: chr(ord(c) + 0xFEE0) for c in "abcdefghijklmnopqrstuvwxyz"})
+    zero_width = "\u200b"
+    disguised = [{"prompt": f"reverse {zero_width.join(it.input)}", "answer": it.answer}
+                 for it in items[:100]]
+    disguised += [{"prompt": f"reverse {it.input.translate(fullwidth)}", "answer": it.answer}
+                  for it in items[100:]]
+    assert hidden_items_held(ref, 0, disguised) == len({it.input for it in items})
+
+
+def test_a_few_hidden_items_above_chance_are_refused():
+    """On `reverse` an honest 3,000-row job holds ~2 hidden items: 15 more are refused."""
+    ref = REG.get("reverse")
+    honest = _honest("reverse", 3000, 5)
+    copied = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items[:15]]
+    assert contamination_error(ref, 0, honest + copied) == REFUSAL
 
 
 def test_reworded_or_diluted_hidden_items_are_found():
