@@ -2,8 +2,8 @@
 
 For every built-in task: the input space's size (estimated by capture-recapture over the task's
 sampler), and the share of the 200 hidden items that honest datasets of 500, 2,000 and 10,000
-draws hold (by chance: docs/tasks.md). Runs under a
-throwaway secret (NESTOR_HIDDEN_SEED), so it never touches the installation's own.
+draws hold by chance (docs/tasks.md). Runs under a throwaway secret (NESTOR_HIDDEN_SEED), so it
+never touches the installation's own.
 
     .venv/bin/python benchmarks/hidden_coverage.py [--sizes 500 2000 10000]
 

@@ -15,8 +15,10 @@ such fresh evals (`draw_items`), and the job is refused when an honest job would
 with probability at most FALSE_REFUSAL (`over_honest`, an exact test). Comparing the job with
 itself, not with a dataset of the task's sampler, is what lets an honest job draw its inputs its
 own way (short inputs first, one length only) and keeps rows that hold no task's input (padding)
-from widening the allowance. The refusal names no item and no count, so that it tells an agent
-nothing about which items are hidden.
+from widening the allowance. A task that holds many items of one eval (a row that spells out a
+small space, "0 1 2 … 99 0 1 2 … 99") counts for none of them, in every eval alike: else one
+such row would hold every item, hidden or fresh, and hide any copied beside it. The refusal
+names no item and no count, so that it tells an agent nothing about which items are hidden.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import random
 import re
 import secrets
 import unicodedata
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from nestor.tasks.hidden import DEFAULT_N, EvalItem, draw_items, hidden_eval
@@ -34,6 +36,7 @@ from nestor.tasks.registry import TaskRef
 
 FRESH_EVALS = 8  # drawn and matched with the hidden one: ~0.5 s for a 100,000-row job
 FALSE_REFUSAL = 1e-4  # the chance that an honest job is refused, at most
+ROW_CAP = 8  # a task holding more of one eval's items spells out the space: it counts for none
 REFUSAL = ("the job's tasks hold more of the hidden eval's items than a job that never saw it "
            "would; generate your own inputs (the hidden eval is not yours to see)")
 _WORD = re.compile(r"[^\W_]+|[^\w\s]")  # runs of letters/digits, and single symbols
@@ -64,20 +67,22 @@ class JobTasks:
                 self.rows_with[w].add(row)
 
     def held(self, items: Sequence[EvalItem]) -> int:
-        """How many distinct items (by input) some task's text holds, their own words in order."""
+        """How many distinct items (by input) some task's text holds, their own words in order,
+        counting no task that holds more than ROW_CAP of these items."""
         items_by_input = {it.input: it for it in items}
         words = {x: [w for w in _words(it.prompt) if w.isalnum()]
                  for x, it in items_by_input.items()}
         template = set.intersection(*(set(w) for w in words.values())) if words else set()
-        held = 0
+        holders: list[list[int]] = []  # per item: the rows that hold it
         for x in items_by_input:
             own = [w for w in words[x] if w not in template] or words[x]
             if not own:
                 continue
             postings = sorted((self.rows_with.get(w, set()) for w in set(own)), key=len)
             rows = postings[0].intersection(*postings[1:])
-            held += any(_in_order(own, self.texts[row]) for row in rows)
-        return held
+            holders.append([row for row in rows if _in_order(own, self.texts[row])])
+        per_row = Counter(row for rows in holders for row in rows)
+        return sum(any(per_row[row] <= ROW_CAP for row in rows) for rows in holders)
 
 
 def hidden_items_held(ref: TaskRef, difficulty: int, tasks: list[dict],

@@ -122,6 +122,17 @@ def test_hidden_prompts_in_look_alike_or_invisible_characters_are_found():
     assert hidden_items_held(ref, 0, disguised) == len({it.input for it in items})
 
 
+def test_a_row_that_spells_out_the_space_does_not_hide_copied_items():
+    """"0 1 … 99 0 1 … 99" holds every `add` item of every eval, hidden or fresh, in order: were
+    it counted, the 200 hidden items beside it would hold no more than a fresh eval's 200."""
+    ref = REG.get("add")
+    numbers = " ".join(str(i) for i in range(100))
+    spelled = {"prompt": f"{numbers} {numbers}", "answer": "0"}
+    copied = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items]
+    assert hidden_items_held(ref, 0, [spelled]) == 0
+    assert contamination_error(ref, 0, [spelled, *copied]) == REFUSAL
+
+
 def test_a_few_hidden_items_above_chance_are_refused():
     """On `reverse` an honest 3,000-row job holds ~2 hidden items: 15 more are refused."""
     ref = REG.get("reverse")
