@@ -37,7 +37,7 @@ from nestor.inner.contamination import (
     JobTasks,
     _in_order,  # the matcher before used them too
     _words,
-    fresh_counts,
+    fresh_evals,
     over_honest,
 )
 from nestor.tasks import TaskRegistry
@@ -123,10 +123,10 @@ def one_task(ref, n_secrets: int, rows: int, copied: int, run_tag: str) -> dict:
         os.environ[ENV_SEED] = f"{run_tag}-{k}"
         hidden = hidden_eval(ref).items
         for name, tasks in jobs(ref, rows, copied, random.Random(f"{run_tag}-job-{k}")).items():
-            job = JobTasks(tasks)
-            held = {"old": old_held(tasks, hidden), "new": job.held(hidden)}
+            new_held, *new_counts = JobTasks(tasks).counts([hidden, *fresh_evals(ref, 0)])
+            held = {"old": old_held(tasks, hidden), "new": new_held}
             counts = {"old": sampler_counts(ref, len({t["prompt"] for t in tasks})),
-                      "new": fresh_counts(ref, 0, job)}
+                      "new": new_counts}
             for rule, judge in (("old", old_rule), ("new", over_honest)):
                 refused[name, rule] += judge(held[rule], counts[rule])
                 if name == "honest":

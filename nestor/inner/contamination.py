@@ -15,10 +15,10 @@ such fresh evals (`draw_items`), and the job is refused when an honest job would
 with probability at most FALSE_REFUSAL (`over_honest`, an exact test). Comparing the job with
 itself, not with a dataset of the task's sampler, is what lets an honest job draw its inputs its
 own way (short inputs first, one length only) and keeps rows that hold no task's input (padding)
-from widening the allowance. A task that holds many items of one eval (a row that spells out a
-small space, "0 1 2 … 99 0 1 2 … 99") counts for none of them, in every eval alike: else one
-such row would hold every item, hidden or fresh, and hide any copied beside it. The refusal
-names no item and no count, so that it tells an agent nothing about which items are hidden.
+from widening the allowance. A row that holds many items of every eval (one that spells out a
+small space, "0 1 2 … 99 0 1 2 … 99") counts for none of them: else it would hold every item,
+hidden or fresh, and hide any copied beside it. The refusal names no item and no count, so that
+it tells an agent nothing about which items are hidden.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from nestor.tasks.registry import TaskRef
 
 FRESH_EVALS = 8  # drawn and matched with the hidden one: ~0.5 s for a 100,000-row job
 FALSE_REFUSAL = 1e-4  # the chance that an honest job is refused, at most
-ROW_CAP = 8  # a task holding more of one eval's items spells out the space: it counts for none
+ROW_CAP = 8  # a row holding more items of every eval spells out the space: it counts for none
 REFUSAL = ("the job's tasks hold more of the hidden eval's items than a job that never saw it "
            "would; generate your own inputs (the hidden eval is not yours to see)")
 _WORD = re.compile(r"[^\W_]+|[^\w\s]")  # runs of letters/digits, and single symbols
@@ -66,23 +66,36 @@ class JobTasks:
             for w in words:
                 self.rows_with[w].add(row)
 
-    def held(self, items: Sequence[EvalItem]) -> int:
-        """How many distinct items (by input) some task's text holds, their own words in order,
-        counting no task that holds more than ROW_CAP of these items."""
+    def holders(self, items: Sequence[EvalItem]) -> list[set[int]]:
+        """Per distinct item (by input): the rows whose text holds its own words in order."""
         items_by_input = {it.input: it for it in items}
         words = {x: [w for w in _words(it.prompt) if w.isalnum()]
                  for x, it in items_by_input.items()}
         template = set.intersection(*(set(w) for w in words.values())) if words else set()
-        holders: list[list[int]] = []  # per item: the rows that hold it
+        found = []
         for x in items_by_input:
             own = [w for w in words[x] if w not in template] or words[x]
             if not own:
                 continue
             postings = sorted((self.rows_with.get(w, set()) for w in set(own)), key=len)
             rows = postings[0].intersection(*postings[1:])
-            holders.append([row for row in rows if _in_order(own, self.texts[row])])
-        per_row = Counter(row for rows in holders for row in rows)
-        return sum(any(per_row[row] <= ROW_CAP for row in rows) for rows in holders)
+            found.append({row for row in rows if _in_order(own, self.texts[row])})
+        return found
+
+    def held(self, items: Sequence[EvalItem]) -> int:
+        """How many distinct items some row holds."""
+        return sum(bool(rows) for rows in self.holders(items))
+
+    def counts(self, evals: list[Sequence[EvalItem]]) -> list[int]:
+        """Items held of each eval, leaving out rows that hold more than ROW_CAP items of every
+        one of them (rows that spell out the space). Decided on all evals together, so that the
+        hidden one is treated as any other: a row packed with hidden items holds few of a fresh
+        eval's and stays counted."""
+        found = [self.holders(items) for items in evals]
+        loads = [Counter(row for rows in per_item for row in rows) for per_item in found]
+        spelled = set.intersection(*({row for row, k in load.items() if k > ROW_CAP}
+                                     for load in loads))
+        return [sum(bool(rows - spelled) for rows in per_item) for per_item in found]
 
 
 def hidden_items_held(ref: TaskRef, difficulty: int, tasks: list[dict],
@@ -91,11 +104,10 @@ def hidden_items_held(ref: TaskRef, difficulty: int, tasks: list[dict],
     return JobTasks(tasks).held(hidden_eval(ref, n=n, difficulty=difficulty).items)
 
 
-def fresh_counts(ref: TaskRef, difficulty: int, job: JobTasks, n: int = DEFAULT_N,
-                 evals: int = FRESH_EVALS) -> list[int]:
-    """The items the job holds of each of `evals` evals drawn as the hidden one is, under fresh
-    seeds (nothing an agent could aim at)."""
-    return [job.held(draw_items(ref, n, difficulty, random.Random(secrets.token_hex(8))))
+def fresh_evals(ref: TaskRef, difficulty: int, n: int = DEFAULT_N,
+                evals: int = FRESH_EVALS) -> list[tuple[EvalItem, ...]]:
+    """Evals drawn as the hidden one is, under fresh seeds (nothing an agent could aim at)."""
+    return [draw_items(ref, n, difficulty, random.Random(secrets.token_hex(8)))
             for _ in range(evals)]
 
 
@@ -127,7 +139,8 @@ def contamination_error(ref: TaskRef, difficulty: int, tasks: list[dict],
                         n: int = DEFAULT_N) -> str | None:
     """None, or why the job is refused (a message that names no hidden item)."""
     job = JobTasks(tasks)
-    held = job.held(hidden_eval(ref, n=n, difficulty=difficulty).items)
-    if held == 0:
+    hidden = hidden_eval(ref, n=n, difficulty=difficulty).items
+    if job.held(hidden) == 0:
         return None
-    return REFUSAL if over_honest(held, fresh_counts(ref, difficulty, job, n)) else None
+    held, *honest = job.counts([hidden, *fresh_evals(ref, difficulty, n)])
+    return REFUSAL if over_honest(held, honest) else None

@@ -129,8 +129,20 @@ def test_a_row_that_spells_out_the_space_does_not_hide_copied_items():
     numbers = " ".join(str(i) for i in range(100))
     spelled = {"prompt": f"{numbers} {numbers}", "answer": "0"}
     copied = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items]
-    assert hidden_items_held(ref, 0, [spelled]) == 0
+    assert hidden_items_held(ref, 0, [spelled]) == len({it.input for it in hidden_eval(ref).items})
     assert contamination_error(ref, 0, [spelled, *copied]) == REFUSAL
+
+
+@pytest.mark.parametrize("task_id", ["reverse", "count"])
+def test_rows_packed_with_hidden_items_are_counted(task_id):
+    """Each hidden item asked beside eight others as worked examples: a row that holds many
+    hidden items but few of a fresh eval's is not a row that spells out the space. (On `add`,
+    a space of few words, such rows hold many fresh items too: docs/tasks.md, what it misses.)"""
+    ref = REG.get(task_id)
+    items = hidden_eval(ref).items
+    packed = [{"prompt": "\n".join(f"{o.prompt} {o.answer}" for o in (items * 2)[i + 1:i + 9])
+               + f"\n{it.prompt}", "answer": it.answer} for i, it in enumerate(items)]
+    assert contamination_error(ref, 0, packed) == REFUSAL
 
 
 def test_a_few_hidden_items_above_chance_are_refused():
