@@ -87,15 +87,19 @@ class JobTasks:
         return sum(bool(rows) for rows in self.holders(items))
 
     def counts(self, evals: list[Sequence[EvalItem]]) -> list[int]:
-        """Items held of each eval, leaving out rows that hold more than ROW_CAP items of every
-        one of them (rows that spell out the space). Decided on all evals together, so that the
-        hidden one is treated as any other: a row packed with hidden items holds few of a fresh
-        eval's and stays counted."""
-        found = [self.holders(items) for items in evals]
-        loads = [Counter(row for rows in per_item for row in rows) for per_item in found]
-        spelled = set.intersection(*({row for row, k in load.items() if k > ROW_CAP}
-                                     for load in loads))
-        return [sum(bool(rows - spelled) for rows in per_item) for per_item in found]
+        """Items held of each eval (`unspelled_counts`)."""
+        return unspelled_counts([self.holders(items) for items in evals])
+
+
+def unspelled_counts(found: list[list[set[int]]]) -> list[int]:
+    """Items held of each eval (its items' holders), leaving out rows that hold more than
+    ROW_CAP items of every one of them (rows that spell out the space). Decided on all evals
+    together, so that the hidden one is treated as any other: a row packed with hidden items
+    holds few of a fresh eval's and stays counted."""
+    loads = [Counter(row for rows in per_item for row in rows) for per_item in found]
+    spelled = set.intersection(*({row for row, k in load.items() if k > ROW_CAP}
+                                 for load in loads))
+    return [sum(bool(rows - spelled) for rows in per_item) for per_item in found]
 
 
 def hidden_items_held(ref: TaskRef, difficulty: int, tasks: list[dict],
@@ -139,8 +143,9 @@ def contamination_error(ref: TaskRef, difficulty: int, tasks: list[dict],
                         n: int = DEFAULT_N) -> str | None:
     """None, or why the job is refused (a message that names no hidden item)."""
     job = JobTasks(tasks)
-    hidden = hidden_eval(ref, n=n, difficulty=difficulty).items
-    if job.held(hidden) == 0:
+    hidden = job.holders(hidden_eval(ref, n=n, difficulty=difficulty).items)
+    if not any(hidden):
         return None
-    held, *honest = job.counts([hidden, *fresh_evals(ref, difficulty, n)])
+    fresh = [job.holders(items) for items in fresh_evals(ref, difficulty, n)]
+    held, *honest = unspelled_counts([hidden, *fresh])
     return REFUSAL if over_honest(held, honest) else None

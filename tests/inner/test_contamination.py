@@ -23,16 +23,24 @@ GOOD_ADD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-add
 REG = TaskRegistry()
 
 
+def _rows(ref, inputs) -> list[dict]:
+    return [{"prompt": ref.task.prompt(x), "answer": ref.task.solve(x)} for x in inputs]
+
+
 def _honest(task_id: str, size: int, seed: int) -> list[dict]:
     ref, rng = REG.get(task_id), random.Random(seed)
-    inputs = {ref.task.sample(rng, 0) for _ in range(size)}
-    return [{"prompt": ref.task.prompt(x), "answer": ref.task.solve(x)} for x in inputs]
+    return _rows(ref, {ref.task.sample(rng, 0) for _ in range(size)})
+
+
+def _copied(ref, k: int | None = None) -> list[dict]:
+    """The first k hidden items (all when None) as rows, answers and all."""
+    return [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items[:k]]
 
 
 @pytest.mark.parametrize("task_id", ["add", "reverse", "count", "acronym"])
 def test_the_hidden_eval_as_data_is_refused(task_id):
     ref = REG.get(task_id)
-    tasks = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items]
+    tasks = _copied(ref)
     # one constant message, whatever the items: it cannot tell which are hidden
     assert contamination_error(ref, 0, tasks) == REFUSAL
 
@@ -83,7 +91,7 @@ def test_an_honest_job_that_draws_its_own_way_passes():
     benchmarks/contamination_refusals.py)."""
     ref, rng = REG.get("acronym"), random.Random(4)
     draws = sorted((ref.task.sample(rng, 0) for _ in range(9000)), key=len)[:3000]
-    rows = [{"prompt": ref.task.prompt(x), "answer": ref.task.solve(x)} for x in set(draws)]
+    rows = _rows(ref, set(draws))
     assert hidden_items_held(ref, 0, rows) > 40
     assert contamination_error(ref, 0, rows) is None
 
@@ -93,7 +101,7 @@ def test_hidden_items_among_rows_of_no_task_are_refused():
     prompts); rows that hold no task's input hold no fresh eval's items either."""
     ref = REG.get("add")
     padding = [{"prompt": f"filler {i}", "answer": f"f{i}"} for i in range(5000)]
-    copied = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items[:20]]
+    copied = _copied(ref, 20)
     assert contamination_error(ref, 0, padding + copied) == REFUSAL
 
 
@@ -128,7 +136,7 @@ def test_a_row_that_spells_out_the_space_does_not_hide_copied_items():
     ref = REG.get("add")
     numbers = " ".join(str(i) for i in range(100))
     spelled = {"prompt": f"{numbers} {numbers}", "answer": "0"}
-    copied = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items]
+    copied = _copied(ref)
     assert hidden_items_held(ref, 0, [spelled]) == len({it.input for it in hidden_eval(ref).items})
     assert contamination_error(ref, 0, [spelled, *copied]) == REFUSAL
 
@@ -149,7 +157,7 @@ def test_a_few_hidden_items_above_chance_are_refused():
     """On `reverse` an honest 3,000-row job holds ~2 hidden items: 15 more are refused."""
     ref = REG.get("reverse")
     honest = _honest("reverse", 3000, 5)
-    copied = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items[:15]]
+    copied = _copied(ref, 15)
     assert contamination_error(ref, 0, honest + copied) == REFUSAL
 
 
@@ -168,6 +176,6 @@ def test_reworded_or_diluted_hidden_items_are_found():
 def test_another_installations_hidden_eval_is_not_this_one(monkeypatch):
     ref = REG.get("reverse")
     monkeypatch.setenv("NESTOR_HIDDEN_SEED", "the secret the job's author guessed")
-    guessed = [{"prompt": it.prompt, "answer": it.answer} for it in hidden_eval(ref).items]
+    guessed = _copied(ref)
     monkeypatch.setenv("NESTOR_HIDDEN_SEED", "this installation's own secret")
     assert hidden_items_held(ref, 0, guessed) == 0
