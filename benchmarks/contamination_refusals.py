@@ -35,8 +35,7 @@ from nestor.inner.contamination import (
     FALSE_REFUSAL,
     FRESH_EVALS,
     JobTasks,
-    _in_order,  # the matcher before used them too
-    _words,
+    _words,  # the matcher before folded words as today's does
     fresh_evals,
     over_honest,
 )
@@ -62,6 +61,11 @@ def sampler_counts(ref, size: int, draws: int = 3, max_draws: int = 200_000) -> 
             seen.add(ref.task.sample(rng, 0))
         counts.append(len(seen & hidden))
     return counts
+
+
+def _in_order(needle: list[str], haystack: list[str]) -> bool:
+    it = iter(haystack)
+    return all(w in it for w in needle)
 
 
 def old_held(tasks: list[dict], items) -> int:

@@ -28,6 +28,7 @@ import random
 import re
 import secrets
 import unicodedata
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
@@ -37,8 +38,19 @@ from nestor.tasks.registry import TaskRef
 FRESH_EVALS = 8  # drawn and matched with the hidden one: ~0.5 s for a 100,000-row job
 FALSE_REFUSAL = 1e-4  # the chance that an honest job is refused, at most
 ROW_CAP = 8  # a row holding more items of every eval spells out the space: it counts for none
+# (item, row) pairs matched in all, at most (1.4–2.3 µs each): honest 3,000-row jobs make
+# ≤ 11,000 over the nine evals, an 8-shot `add` job at the 3.2 MB reply cap 1.8 M (6 s); rows
+# that each spell out `add`'s inputs make 1,800 a row (25 s at the cap when unbounded, 7 s now)
+MAX_CANDIDATES = 5_000_000
 REFUSAL = ("the job's tasks hold more of the hidden eval's items than a job that never saw it "
            "would; generate your own inputs (the hidden eval is not yours to see)")
+TOO_DENSE = ("the job's prompts each hold so many of the task's inputs that they cannot be checked "
+             "for the hidden eval's items; ask one question a prompt, with at most a few worked "
+             "examples")
+
+
+class TooDense(Exception):
+    """Matching would pass MAX_CANDIDATES (item, row) pairs."""
 _WORD = re.compile(r"[^\W_]+|[^\w\s]")  # runs of letters/digits, and single symbols
 
 
@@ -48,11 +60,6 @@ def _words(text: str) -> list[str]:
     zero-width space inside "abc" does not make it two words)."""
     text = "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
     return _WORD.findall(text.lower())
-
-
-def _in_order(needle: list[str], haystack: list[str]) -> bool:
-    it = iter(haystack)
-    return all(w in it for w in needle)
 
 
 class JobTasks:
@@ -65,6 +72,27 @@ class JobTasks:
         for row, words in enumerate(self.texts):
             for w in words:
                 self.rows_with[w].add(row)
+        self._positions: dict[int, dict[str, list[int]]] = {}
+        self.candidates = 0  # (item, row) pairs matched so far
+
+    def _in_order(self, needle: list[str], row: int) -> bool:
+        """Does the row hold `needle`'s words in order? By each word's positions in the row
+        (built once per row), so a check costs O(len(needle) · log) whatever the row's length:
+        walking the row instead let rows of 3,800 words, each a candidate for every item,
+        cost ~80 s a job (2026-12-08)."""
+        positions = self._positions.get(row)
+        if positions is None:
+            positions = self._positions[row] = defaultdict(list)
+            for i, w in enumerate(self.texts[row]):
+                positions[w].append(i)
+        at = -1
+        for w in needle:
+            after = positions.get(w, ())
+            k = bisect_right(after, at)
+            if k == len(after):
+                return False
+            at = after[k]
+        return True
 
     def holders(self, items: Sequence[EvalItem]) -> list[set[int]]:
         """Per distinct item (by input): the rows whose text holds its own words in order."""
@@ -79,7 +107,10 @@ class JobTasks:
                 continue
             postings = sorted((self.rows_with.get(w, set()) for w in set(own)), key=len)
             rows = postings[0].intersection(*postings[1:])
-            found.append({row for row in rows if _in_order(own, self.texts[row])})
+            self.candidates += len(rows)
+            if self.candidates > MAX_CANDIDATES:
+                raise TooDense
+            found.append({row for row in rows if self._in_order(own, row)})
         return found
 
     def held(self, items: Sequence[EvalItem]) -> int:
@@ -143,9 +174,12 @@ def contamination_error(ref: TaskRef, difficulty: int, tasks: list[dict],
                         n: int = DEFAULT_N) -> str | None:
     """None, or why the job is refused (a message that names no hidden item)."""
     job = JobTasks(tasks)
-    hidden = job.holders(hidden_eval(ref, n=n, difficulty=difficulty).items)
-    if not any(hidden):
-        return None
-    fresh = [job.holders(items) for items in fresh_evals(ref, difficulty, n)]
+    try:
+        hidden = job.holders(hidden_eval(ref, n=n, difficulty=difficulty).items)
+        if not any(hidden):
+            return None
+        fresh = [job.holders(items) for items in fresh_evals(ref, difficulty, n)]
+    except TooDense:
+        return TOO_DENSE  # fails closed: a job that cannot be checked does not train
     held, *honest = unspelled_counts([hidden, *fresh])
     return REFUSAL if over_honest(held, honest) else None

@@ -8,16 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from nestor.inner import contamination
 from nestor.inner.contamination import (
     FALSE_REFUSAL,
     FRESH_EVALS,
     REFUSAL,
+    TOO_DENSE,
+    JobTasks,
     contamination_error,
     hidden_items_held,
     over_honest,
 )
 from nestor.tasks import TaskRegistry
-from nestor.tasks.hidden import hidden_eval
+from nestor.tasks.hidden import EvalItem, hidden_eval
 
 GOOD_ADD = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "good-add"
 REG = TaskRegistry()
@@ -171,6 +174,27 @@ def test_reworded_or_diluted_hidden_items_are_found():
     assert contamination_error(ref, 0, diluted) == REFUSAL
     unanswered = [{"prompt": t["prompt"], "answer": None} for t in reworded]
     assert contamination_error(ref, 0, unanswered) == REFUSAL
+
+
+def test_an_item_is_held_only_in_order_and_as_often_as_it_repeats():
+    items = [EvalItem("a", "12+34=", "46"), EvalItem("b", "7+7=", "14"), EvalItem("c", "1+2=", "3")]
+    job = JobTasks([{"prompt": "( 34 ( 12 ( 7"}, {"prompt": "12 and later, 34"},
+                    {"prompt": "7 plus 7"}])
+    # own words (symbols are no item's words): 12 34, 7 7, 1 2
+    assert job.holders(items) == [{1}, {2}, set()]
+
+
+def test_rows_too_dense_to_check_are_refused_in_bounded_time(monkeypatch):
+    """Rows that each spell out `add`'s inputs are candidates for every item of every eval:
+    matching them is bounded (MAX_CANDIDATES), and a job past the bound does not train. An
+    honest job stays far under it."""
+    monkeypatch.setattr(contamination, "MAX_CANDIDATES", 20_000)
+    numbers = " ".join(str(i) for i in range(100))
+    dense = [{"prompt": f"{numbers} {i}", "answer": "0"} for i in range(12)]  # 12 × 1,800 pairs
+    ref = REG.get("add")
+    assert contamination_error(ref, 0, dense) == TOO_DENSE
+    assert contamination_error(ref, 0, dense[:10]) is None  # 18,000: checked, spelled, none held
+    assert contamination_error(ref, 0, _honest("add", 3000, 7)) is None
 
 
 def test_another_installations_hidden_eval_is_not_this_one(monkeypatch):
