@@ -12,6 +12,7 @@ job result, reward and policy version. Structured payloads are JSON text columns
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -63,7 +64,29 @@ class LedgerError(RuntimeError):
 
 
 def _js(obj: Any) -> str:
-    return json.dumps(obj, default=str)
+    return json.dumps(obj, default=str)  # ASCII: a lone surrogate stays a \u escape
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def no_surrogates(value: Any) -> Any:
+    """`value` with every lone surrogate made U+FFFD, in keys and nested values. json.loads
+    makes one of "\\ud800" (in an agent's tool call), os.fsdecode of a bad file name: such a
+    string cannot be encoded as UTF-8, so sqlite3, a terminal or a file it reaches fails on
+    it. Agent text is never refused for it."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {no_surrogates(k): no_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_surrogates(v) for v in value]
+    return value
+
+
+def _row(*values: Any) -> tuple:
+    """A write's parameters, every text storable."""
+    return tuple(no_surrogates(v) for v in values)
 
 
 class Ledger:
@@ -121,7 +144,7 @@ class Ledger:
             db.execute("INSERT INTO episodes (id, task_id, family, difficulty, policy, "
                        "policy_version, group_id, status, config, started) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
-                       (episode_id, task_id, family, difficulty, policy, policy_version,
+                       _row(episode_id, task_id, family, difficulty, policy, policy_version,
                         group_id, _js(config), time.time()))
 
     def add_turn(self, episode_id: str, idx: int, turn: dict) -> None:
@@ -129,7 +152,7 @@ class Ledger:
         action fields of `nestor.policy.base.Turn` (see `Turn.to_dict`)."""
         with self._tx() as db:
             db.execute("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (episode_id, idx, turn["role"], turn.get("content", ""),
+                       _row(episode_id, idx, turn["role"], turn.get("content", ""),
                         _js(turn.get("tool_calls", [])), turn.get("tool_call_id"),
                         turn.get("parse_error"), _js(turn.get("action_keys", [])),
                         _js(turn.get("action_ids", [])), _js(turn.get("sample_logprobs", [])),
@@ -138,24 +161,24 @@ class Ledger:
     def add_attempt(self, episode_id: str, n: int, job_dir: Path) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO attempts VALUES (?, ?, ?, ?)",
-                       (episode_id, n, str(job_dir), time.time()))
-            db.execute("UPDATE episodes SET attempts = ? WHERE id = ?", (n, episode_id))
+                       _row(episode_id, n, str(job_dir), time.time()))
+            db.execute("UPDATE episodes SET attempts = ? WHERE id = ?", _row(n, episode_id))
 
     def add_report(self, episode_id: str, attempt: int, *, passed: bool, checks: list[dict],
                    elapsed_s: float) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?)",
-                       (episode_id, attempt, int(passed), _js(checks), elapsed_s, time.time()))
+                       _row(episode_id, attempt, int(passed), _js(checks), elapsed_s, time.time()))
 
     def add_job(self, job_id: str, episode_id: str, request: dict) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO jobs VALUES (?, ?, ?, ?)",
-                       (job_id, episode_id, _js(request), time.time()))
+                       _row(job_id, episode_id, _js(request), time.time()))
 
     def add_result(self, job_id: str, result: dict) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (job_id, result["status"], result.get("pre_score"),
+                       _row(job_id, result["status"], result.get("pre_score"),
                         result.get("post_score"), result.get("improvement"),
                         result.get("wall_s"), result.get("cost_usd"), result.get("worker"),
                         _js(result), time.time()))
@@ -166,9 +189,9 @@ class Ledger:
         now = time.time()
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO rewards VALUES (?, ?, ?, ?)",
-                       (episode_id, reward, _js(components), now))
+                       _row(episode_id, reward, _js(components), now))
             db.execute("UPDATE episodes SET status='done', end_reason=?, reward=?, finished=? "
-                       "WHERE id=?", (end_reason, reward, now, episode_id))
+                       "WHERE id=?", _row(end_reason, reward, now, episode_id))
 
     def close_orphans(self, end_reason: str = "orphaned", note: str = "") -> list[str]:
         """Close every episode still `running` (its process was killed, or the run ended
@@ -182,17 +205,17 @@ class Ledger:
                         "SELECT j.id FROM jobs j LEFT JOIN results r ON r.job_id = j.id "
                         "WHERE j.episode_id=? AND r.job_id IS NULL", (eid,)).fetchall():
                     db.execute("INSERT INTO results (job_id, status, result, created) "
-                               "VALUES (?, 'lost', ?, ?)", (job_id, _js(
+                               "VALUES (?, 'lost', ?, ?)", _row(job_id, _js(
                                    {"status": "lost", "log_tail": note or end_reason}), now))
                 db.execute("UPDATE episodes SET status='done', end_reason=?, finished=? "
-                           "WHERE id=?", (end_reason, now, eid))
+                           "WHERE id=?", _row(end_reason, now, eid))
         return ids
 
     def add_policy_version(self, policy: str, version: int, *, path: str | None = None,
                            metrics: dict | None = None) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO policy_versions VALUES (?, ?, ?, ?, ?)",
-                       (policy, version, path, _js(metrics or {}), time.time()))
+                       _row(policy, version, path, _js(metrics or {}), time.time()))
 
     # -- reading ------------------------------------------------------------------------------
     def _all(self, sql: str, args: tuple = ()) -> list[dict]:

@@ -113,3 +113,17 @@ def test_a_closed_ledger_leaves_no_wal_or_shm(tmp_path):
         again.start_episode("e2", task_id="add", family="arithmetic", difficulty=0,
                             policy="composer", policy_version=0, config={})
     assert not (tmp_path / "ledger.sqlite-wal").exists()
+
+
+def test_text_with_a_lone_surrogate_is_stored_not_refused(tmp_path):
+    # json.loads("\"\\ud800\"") is a lone surrogate: sqlite3 cannot encode it as UTF-8
+    with Ledger(tmp_path) as ledger:
+        _start(ledger, "e\ud800")
+        ledger.add_turn("e\ud800", 0, Message("tool", "body \ud800", tool_call_id="c\udfff")
+                        .to_dict())
+        ledger.add_turn("e\ud800", 1, {"role": "assistant", "content": "",
+                                       "parse_error": "bad \ud800", "tool_calls": [
+                                           {"name": "x", "arguments": {"k": "v\ud800"}}]})
+        turns = ledger.turns("e\ufffd")
+    assert turns[0]["content"] == "body \ufffd" and turns[0]["tool_call_id"] == "c\ufffd"
+    assert turns[1]["parse_error"] == "bad \ufffd"

@@ -29,12 +29,12 @@ from nestor.agent.reward import JOB_FILES, RewardConfig, compute_reward
 from nestor.inner.types import JobRequest, JobResult
 from nestor.job.config import DEFAULT_TOKEN_BUDGET
 from nestor.job.memory import DEFAULT_MEMORY_CAP_MB
-from nestor.ledger import Ledger
+from nestor.ledger import Ledger, no_surrogates
 from nestor.policy.base import Message, Observation, Policy, PolicyClosed, TrainItem, Turn
 from nestor.tasks import TaskSpec
 
 EndReason = Literal["ok", "job_failed", "invalid", "no_submit", "turn_limit", "token_limit",
-                    "policy_error", "not_trained", "stopped", "orphaned"]
+                    "policy_error", "harness_error", "not_trained", "stopped", "orphaned"]
 
 
 class EpisodeConfig(BaseModel):
@@ -43,6 +43,15 @@ class EpisodeConfig(BaseModel):
                             "episode (its sampled actions; ~4 characters each for a policy that "
                             "reports none) before `token_limit`.")
     max_attempts: int = Field(3, ge=1, le=10, description="Submits (validation probes) allowed.")
+    max_calls_per_turn: int = Field(16, ge=1, le=1000, description="Tool calls run per turn; "
+                                    "each one past it is answered with an error, not run (one "
+                                    "turn of 100 reads of a 200 KB file would otherwise store "
+                                    "20 MB). An honest job is 3-4 files and a submit.")
+    max_tool_bytes: int = Field(1_000_000, ge=10_000, description="UTF-8 bytes of tool results "
+                                "(file reads, reports) the agent may receive over the episode; "
+                                "past it each result is cut to a note. Honest episodes receive "
+                                "a few KB; every byte is stored in the ledger, the transcript "
+                                "and the next turn's context.")
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, gt=0, description="Sampled-token cap of "
                               "the inner job (the validation probe enforces it).")
     memory_cap_mb: int = Field(DEFAULT_MEMORY_CAP_MB, ge=64, description="Cap on the inner "
@@ -133,6 +142,7 @@ class _Episode:
         self.harness_failures = 0  # probes that failed for our reasons: not counted as attempts
         self.seed = seed
         self.files_written: set[str] = set()  # paths a write_file/edit_file call changed
+        self.tool_bytes = 0  # of tool results given to the agent so far (max_tool_bytes)
 
     def log(self, msg: Message, turn: Turn | None = None) -> None:
         """Append to the transcript, committed to the ledger first."""
@@ -152,6 +162,11 @@ class _Episode:
                 self.rec.components["error"] = "".join(
                     traceback.format_exception_only(type(exc), exc)).strip()
                 return "policy_error"
+            # any policy's text (an API policy parses its own calls) made encodable everywhere
+            msg = turn.message
+            msg.content = no_surrogates(msg.content)
+            for call in msg.tool_calls:
+                call.name, call.arguments = no_surrogates(call.name), no_surrogates(call.arguments)
             self.rec.turns.append(turn)
             self.log(turn.message, turn)
             tokens += _turn_tokens(turn)
@@ -160,18 +175,34 @@ class _Episode:
                                          f"{turn.parse_error}. Answer with tool calls."))
             elif not turn.message.tool_calls:
                 return "no_submit" if self.rec.attempts == 0 else "invalid"
-            for call in turn.message.tool_calls:
-                if call.name == "submit":
+            for i, call in enumerate(turn.message.tool_calls):
+                if i >= self.cfg.max_calls_per_turn:
+                    text, end = (f"error: at most {self.cfg.max_calls_per_turn} tool calls a "
+                                 "turn; this one was not run"), None
+                elif call.name == "submit":
                     text, end = self.submit()
                 else:
                     text, end = self.workspace.call(call.name, call.arguments), None
                     self._note_write(call, text)
-                self.log(Message("tool", text, tool_call_id=call.id or None))
+                self.log(Message("tool", self._capped(no_surrogates(text)),
+                                 tool_call_id=call.id or None))
                 if end is not None:
                     return end
             if tokens > self.cfg.max_tokens:
                 return "token_limit"
         return "turn_limit"
+
+    def _capped(self, text: str) -> str:
+        """`text`, cut once the episode's tool results reach `max_tool_bytes`: every byte an
+        agent makes the harness produce is stored three times (ledger, messages, transcript)."""
+        data = text.encode("utf-8")
+        left = max(0, self.cfg.max_tool_bytes - self.tool_bytes)
+        self.tool_bytes += min(len(data), left)
+        if len(data) <= left:
+            return text
+        return (data[:left].decode("utf-8", errors="ignore")
+                + f"\n… cut: {len(data) - left:,} more bytes not shown (the episode's tool "
+                f"results reached their cap of {self.cfg.max_tool_bytes:,} bytes)")
 
     def _note_write(self, call: Any, text: str) -> None:
         if call.name in ("write_file", "edit_file") and text.startswith("ok"):
@@ -281,7 +312,12 @@ def run_episode(policy: Policy, spec: TaskSpec, pool: Any, ledger: Ledger,
                                            max_attempts=cfg.max_attempts,
                                            style=cfg.prompt_style)))
     ep.log(Message("user", task_message(spec)))
-    end = ep.run()
+    try:
+        end = ep.run()
+    except Exception as exc:  # e.g. the ledger refused a write: the episode ends, recorded
+        ep.rec.components["error"] = "".join(
+            traceback.format_exception_only(type(exc), exc)).strip()
+        end = "harness_error"
     rec = ep.rec
     rec.end_reason = end
     rec.reward, comps = compute_reward(rec.result, passed_on=ep.passed_on,

@@ -6,10 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, console, default_out, fail, out_console, print_json, registry
+from nestor.cli.common import (
+    JsonOpt,
+    console,
+    default_out,
+    fail,
+    out_console,
+    print_json,
+    registry,
+    shown,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks that feed decisions (cost matrix, ...).")
 
@@ -59,15 +67,15 @@ def matrix(
         fail(f"reference job {job} failed validation: {report.summary()}", code=1)
     present, absent = present_models(candidate_models(config, model))
     for name, why in absent.items():
-        console.print(f"[yellow]skip {name}:[/yellow] {escape(why)}", highlight=False)
+        console.print(f"[yellow]skip {shown(name)}:[/yellow] {shown(why)}", highlight=False)
     if not present:
         fail("no base model is present here; see `nestor models list`")
     rows: list[dict] = []
     try:
         with console.status("measuring…") as status:
             def progress(row: dict) -> None:
-                status.update(f"{len(rows) + 1} cell(s) done; last: {row['worker_type']} x "
-                              f"{row['base_model']} {row['status']}")
+                status.update(shown(f"{len(rows) + 1} cell(s) done; last: {row['worker_type']} x "
+                                    f"{row['base_model']} {row['status']}"))
 
             measured, rows = measure_matrix(config, job.resolve(), task, present,
                                             max_steps=max_steps, timeout_s=timeout,
@@ -85,7 +93,7 @@ def matrix(
         return
     table = Table("worker type", "base model", "status", "seconds/job", "$/job")
     for r in rows:
-        table.add_row(r["worker_type"], r["base_model"], r["status"],
+        table.add_row(shown(r["worker_type"]), shown(r["base_model"]), shown(r["status"]),
                       "-" if r["seconds"] is None else f"{r['seconds']:.1f}",
                       "-" if r["dollars"] is None else f"{r['dollars']:.5f}")
     out_console().print(table)
@@ -195,8 +203,8 @@ def agents(
 
             def progress(rec) -> None:
                 done.append(rec)
-                status.update(f"{len(done)}/{len(specs) * episodes} episodes; last "
-                              f"{rec.task_id}: {rec.end_reason}, reward {rec.reward:.3f}")
+                status.update(shown(f"{len(done)}/{len(specs) * episodes} episodes; last "
+                                    f"{rec.task_id}: {rec.end_reason}, reward {rec.reward:.3f}"))
 
             records = run_benchmark(pol, policy, specs, episodes, pool, ledger, cfg,
                                     concurrency=workers, on_episode=progress)
@@ -214,12 +222,12 @@ def agents(
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in row.items():
-        table.add_row(key, "" if value is None else str(value))
+        table.add_row(key, "" if value is None else shown(value))
     con = out_console()
     con.print(table)
     for f in failures:  # why an episode earned nothing, in the words of whoever failed
-        con.print(f"episode {f['episode_id']} ({f['task']}): {f['end_reason']}: {f['why']}",
-                  highlight=False, markup=False, soft_wrap=True)
+        con.print(shown(f"episode {f['episode_id']} ({f['task']}): {f['end_reason']}: "
+                        f"{f['why']}"), highlight=False, soft_wrap=True)
     console.print(f"appended to {leaderboard}; episodes in {run_dir} "
                   f"(`nestor episode show ID --run-dir {run_dir}`)", highlight=False,
                   soft_wrap=True)

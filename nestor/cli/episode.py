@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import (
@@ -19,6 +18,7 @@ from nestor.cli.common import (
     print_json,
     registry,
     require_sandbox,
+    shown,
 )
 
 app = typer.Typer(no_args_is_help=True, help="Agent episodes: write, validate, train, reward.")
@@ -156,10 +156,11 @@ class _Narrated:
 
 
 def _progress(status, line: str) -> None:
+    """`line` quotes the agent (its tool names, the probe's report): always `shown`."""
     if console.is_terminal:
-        status.update(escape(line))
+        status.update(shown(line))
     else:
-        console.print(line, highlight=False, markup=False)
+        console.print(shown(line), highlight=False)
 
 
 def _print_summary(out: dict) -> None:
@@ -204,7 +205,7 @@ def list_(run_dir: Path = ReadRunDirOpt, json_: bool = JsonOpt) -> None:
     table.columns[0].no_wrap = True  # the id is what `episode show` needs: never cut it
     table.columns[0].min_width = max((len(r["id"]) for r in rows), default=2)
     for r in rows:
-        table.add_row(*("" if r[k] is None else str(r[k]) for k in keep))
+        table.add_row(*("" if r[k] is None else shown(r[k]) for k in keep))
     out_console().print(table)
 
 
@@ -226,20 +227,21 @@ def show(episode_id: str = typer.Argument(..., help="An id from `nestor episode 
         return
     con = out_console()
     reward = "–" if ep["reward"] is None else f"{ep['reward']:.4f}"
-    con.print(f"[bold]{escape(ep['id'])}[/bold] {escape(ep['task_id'])} · {ep['status']} · "
-              f"end {ep['end_reason'] or '–'} · reward {reward}", highlight=False)
+    # everything from the ledger but numbers is agent- or job-derived: `shown`, never raw
+    con.print(f"[bold]{shown(ep['id'])}[/bold] {shown(ep['task_id'])} · {shown(ep['status'])} · "
+              f"end {shown(ep['end_reason'] or '–')} · reward {reward}", highlight=False)
     for t in ep["turns"]:
         calls = "; ".join(f"{c['name']}({_args(c.get('arguments'))})" for c in t["tool_calls"])
-        con.print(f"[cyan]── {t['role']}[/cyan]" + (f"  [dim]calls: {escape(calls)}[/dim]"
-                                                     if calls else ""), highlight=False)
+        con.print(f"[cyan]── {shown(t['role'])}[/cyan]" + (f"  [dim]calls: {shown(calls)}[/dim]"
+                                                            if calls else ""), highlight=False)
         if t["content"]:
-            con.print(t["content"], highlight=False, markup=False, soft_wrap=True)
+            con.print(shown(t["content"]), highlight=False, soft_wrap=True)
     for job in ep["jobs"]:
         r = job["result"]
         if r:
-            con.print(f"job {job['id']}: {r['status']}, "
+            con.print(f"job {shown(job['id'])}: {shown(r['status'])}, "
                       f"{pre_post(r.get('pre_score'), r.get('post_score'))} in "
-                      f"{r.get('wall_s', 0):.1f} s", highlight=False, markup=False)
+                      f"{r.get('wall_s', 0):.1f} s", highlight=False)
     # soft_wrap: paths and transcript lines are copied and pasted, so rich must not break them
     con.print(f"workspace: {ep['paths']['workspace']}", highlight=False, markup=False,
               soft_wrap=True)

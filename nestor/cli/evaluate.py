@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import (
@@ -40,7 +39,7 @@ def eval_cmd(
         for task_id in task_ids:
             reg.get(task_id)
     except (ModelNotFoundError, TaskError) as exc:
-        fail(escape(str(exc)))
+        fail(str(exc))
 
     with console.status(f"scoring {model} on {len(task_ids)} task(s)") as status:
         def show(result) -> None:  # progress only: the table below prints each result once
@@ -50,7 +49,7 @@ def eval_cmd(
             results = evaluate(model, task_ids, difficulty=difficulty, n=n,
                                use_cache=not no_cache, registry=reg, on_result=show)
         except ModelNotFoundError as exc:  # e.g. a corrupt weights file
-            fail(escape(str(exc)))
+            fail(str(exc))
     if json_:
         print_json({"model": model, "difficulty": difficulty,
                     "results": [r.model_dump() for r in results]})

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from nestor.cli.common import (
     JsonOpt,
@@ -16,6 +15,7 @@ from nestor.cli.common import (
     print_json,
     registry,
     require_sandbox,
+    shown,
 )
 
 app = typer.Typer(no_args_is_help=True, help="Training jobs: validate, export, scaffold, train.")
@@ -67,10 +67,10 @@ def run_probe(job_dir: Path, spec, *, token_budget: int | None = None,
     if out.is_terminal and console.is_terminal:
         out = console  # one screen: the spinner's console prints the lines above itself
 
-    def shown(check) -> None:  # each check as it completes: progress that also reads in CI logs
-        if not quiet:
+    def on_check(check) -> None:  # each as it completes: progress that also reads in CI logs
+        if not quiet:  # a check's message quotes the job (its file names, its output)
             mark = "[green]ok  [/green]" if check.ok else "[red]FAIL[/red]"
-            out.print(f"{mark} {check.name}: {escape(check.message)}", highlight=False)
+            out.print(f"{mark} {shown(check.name)}: {shown(check.message)}", highlight=False)
 
     if not quiet:
         out.print(f"validating {job_dir} for {spec.id} (the first check starts the "
@@ -78,7 +78,7 @@ def run_probe(job_dir: Path, spec, *, token_budget: int | None = None,
     with console.status("checking…"):
         report = validate_job(job_dir, spec, token_budget=token_budget or DEFAULT_TOKEN_BUDGET,
                               memory_cap_mb=memory_cap or DEFAULT_MEMORY_CAP_MB,
-                              on_check=shown)
+                              on_check=on_check)
     if not quiet:
         verdict = "[green]passed[/green]" if report.passed else "[red]failed[/red]"
         out.print(f"{verdict} in {report.elapsed_s:.1f} s", highlight=False)
@@ -238,7 +238,7 @@ def train(
             if json_:
                 print_json({"status": "invalid", "validation": validation, "out": None})
             else:
-                console.print(f"{job_dir} not trained: {escape(report.summary())}",
+                console.print(f"{job_dir} not trained: {shown(report.summary())}",
                               highlight=False)
             raise typer.Exit(1)
     request = JobRequest(job_dir=source, task_id=task, difficulty=difficulty,
@@ -251,12 +251,12 @@ def train(
         total = None  # run_job reports it as an invalid job
     result = _train_with_progress(request, total, quiet=json_,
                                   warm=WarmState(device=device, dtype=dtype, threads=threads))
-    shown = _shown(result)
+    fields = _fields(result)
     if json_:
-        print_json({**shown, "validation": validation,
+        print_json({**fields, "validation": validation,
                     "out": str(out) if result.checkpoint else None})
     else:
-        _print_result(job_dir, task, result, shown)
+        _print_result(job_dir, task, result, fields)
         if result.checkpoint:
             console.print(f"results in {out}", highlight=False)
     raise typer.Exit(0 if result.status == "ok" else 1)
@@ -290,28 +290,28 @@ FIELDS = ("status", "pre_score", "post_score", "improvement", "eval_n", "wall_s"
           "steps", "weight_change", "reward_curve", "checkpoint", "base_model", "log_tail")
 
 
-def _shown(result) -> dict:
+def _fields(result) -> dict:
     from nestor.inner.evaluate import wilson
 
-    shown = {k: getattr(result, k) for k in FIELDS}
+    fields = {k: getattr(result, k) for k in FIELDS}
     for key in ("pre_score", "post_score"):  # the interval `nestor eval` shows
-        value, n = shown[key], result.eval_n
-        shown[key.replace("score", "ci95")] = None if value is None or not n else \
+        value, n = fields[key], result.eval_n
+        fields[key.replace("score", "ci95")] = None if value is None or not n else \
             wilson(round(value * n), n)
-    return shown
+    return fields
 
 
-def _print_result(job_dir: Path, task: str, result, shown: dict) -> None:
+def _print_result(job_dir: Path, task: str, result, fields: dict) -> None:
     from rich.table import Table
 
     colour = "green" if result.status == "ok" else "red"
     table = Table(show_header=False)
-    n = shown["eval_n"]
+    n = fields["eval_n"]
     for key in ("pre_score", "post_score", "improvement", "wall_s", "train_s", "steps",
                 "weight_change", "reward_curve", "checkpoint", "base_model"):
-        value = shown[key]
+        value = fields[key]
         if key in ("pre_score", "post_score") and value is not None:
-            ci = shown[key.replace("score", "ci95")]
+            ci = fields[key.replace("score", "ci95")]
             value = f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}] n={n}" if ci else "")
         elif key == "weight_change" and value is not None:
             value = f"{value:.2e} (||Δθ||/||θ||)"
@@ -319,9 +319,10 @@ def _print_result(job_dir: Path, task: str, result, shown: dict) -> None:
             value = f"{value:+.3f}" if key == "improvement" else f"{value:.3f}"
         elif key == "reward_curve":
             value = " ".join(f"{r:.2f}" for r in value)
-        table.add_row(key, "-" if value is None else str(value))
+        # base_model is recorded as the job's config.toml names it, before any check
+        table.add_row(key, "-" if value is None else shown(value))
     out = out_console()
     out.print(f"{job_dir} on {task}: [{colour}]{result.status}[/{colour}]", highlight=False)
     out.print(table)
     if result.status != "ok" and result.log_tail:
-        console.print(result.log_tail, highlight=False, markup=False)
+        console.print(shown(result.log_tail), highlight=False)

@@ -6,7 +6,6 @@ from concurrent.futures import as_completed
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from nestor.cli.common import (
@@ -18,6 +17,7 @@ from nestor.cli.common import (
     print_json,
     registry,
     require_sandbox,
+    shown,
     with_interval,
 )
 from nestor.cli.job import SkipValidationOpt, run_probe, skipped_line
@@ -113,14 +113,15 @@ def run(
     else:
         table = Table("job", "status", "pre [95%]", "post [95%]", "Δ", "steps", "wall s", "$", "worker")
         for row in rows:
-            table.add_row(Path(row["job_dir"]).name, row["status"], with_interval(row["pre_score"]),
-                          with_interval(row["post_score"]), _fmt(row["improvement"]), str(row["steps"]),
-                          f"{row['wall_s']:.1f}", f"{row['cost_usd']:.4f}", row["worker"] or "-")
+            table.add_row(shown(Path(row["job_dir"]).name), shown(row["status"]),
+                          with_interval(row["pre_score"]), with_interval(row["post_score"]),
+                          _fmt(row["improvement"]), str(row["steps"]), f"{row['wall_s']:.1f}",
+                          f"{row['cost_usd']:.4f}", shown(row["worker"] or "-"))
         out_console().print(table)
         for row in rows:
             if row["status"] != "ok" and row["log_tail"]:
-                console.print(f"[yellow]{escape(row['job_dir'])}[/yellow] ({row['status']}): "
-                              f"{escape(row['log_tail'].splitlines()[-1])}", highlight=False)
+                console.print(f"[yellow]{shown(row['job_dir'])}[/yellow] ({shown(row['status'])}): "
+                              f"{shown(row['log_tail'].splitlines()[-1])}", highlight=False)
     if any(r["status"] != "ok" for r in rows):
         raise typer.Exit(1)
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nestor.cli.common import JsonOpt, fail, out_console, print_json
+from nestor.cli.common import JsonOpt, fail, out_console, print_json, shown
 
 app = typer.Typer(no_args_is_help=True, help="Summaries of runs.")
 
@@ -49,8 +49,9 @@ def list_(
     table.columns[0].no_wrap = True  # the name is what `runs show` needs: never cut it
     for r in rows:
         # the directory's name, not the config's: two quickstart runs are both "quickstart"
-        table.add_row(Path(r["run_dir"]).name, r["kind"], _fmt(r["policy"]), r["status"],
-                      _fmt(r["steps"]), _fmt(r["episodes"]), _reward(r), _fmt(r["cost_usd"]))
+        table.add_row(*(shown(c) for c in (
+            Path(r["run_dir"]).name, r["kind"], _fmt(r["policy"]), r["status"], _fmt(r["steps"]),
+            _fmt(r["episodes"]), _reward(r), _fmt(r["cost_usd"]))))
     out_console().print(table)
 
 

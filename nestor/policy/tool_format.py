@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from nestor.ledger import no_surrogates
 from nestor.policy.base import Message, ToolCall
 
 TOOL_FORMATS = ("auto", "json", "qwen3_5")
@@ -131,8 +132,8 @@ class ToolFormat:
             if isinstance(parsed, str):
                 errors.append(f"tool call {i + 1}: {parsed}")
             else:
-                calls.append(ToolCall(name=parsed[0], arguments=parsed[1],
-                                      id=f"{call_prefix}_{i}"))
+                calls.append(ToolCall(name=no_surrogates(parsed[0]),
+                                      arguments=no_surrogates(parsed[1]), id=f"{call_prefix}_{i}"))
         rest = TOOL_CALL_RE.sub("", text)
         if "<tool_call>" in rest or "</tool_call>" in rest:
             errors.append("unbalanced <tool_call> tags")

@@ -20,11 +20,15 @@ from nestor.report import fmt
 from nestor.report.data import RunData
 
 TEXT_LIMIT = 20_000  # characters of one turn or log shown inline
-FILE_TEXT_LIMIT = 8_000  # of one job file (the link opens all of it)
+FILE_TEXT_LIMIT = 8_000  # of one job file (the link, where there is one, opens all of it)
 ARG_LIMIT = 2_000  # of one tool-call argument (a written file's text is under "Job files")
 SYSTEM_LIMIT = 4_000  # the system prompt is the same long text in every episode
 FILE_LIMIT = 40  # files listed per job
 FILTERS = ("step", "task", "end", "model")
+# Job files linked ("open"): suffixes every browser maps to a text type by name alone, so a
+# file:// link shows them as text. Any other name (x.html, x.svg, a .toml or .jsonl a browser
+# does not know and so sniffs) could open as a page of the agent's making: preview only.
+TEXT_SUFFIXES = (".txt", ".py", ".json")
 
 FILTER_SCRIPT = """
 (() => {
@@ -103,13 +107,15 @@ def _files(folder: Path, report_dir: Path) -> list[dict[str, Any]]:
             size = path.stat().st_size
         except OSError as exc:
             text, size = f"(unreadable: {exc.strerror})", 0
+        href = quote(os.path.relpath(path, report_dir).replace(os.sep, "/")) \
+            if path.suffix.lower() in TEXT_SUFFIXES else None
         if size > FILE_TEXT_LIMIT:
-            text = text[:FILE_TEXT_LIMIT] + f"\n… {size - FILE_TEXT_LIMIT:,} more bytes: open the file"
-        href = quote(os.path.relpath(path, report_dir).replace(os.sep, "/"))
+            text = text[:FILE_TEXT_LIMIT] + f"\n… {size - FILE_TEXT_LIMIT:,} more bytes: " + (
+                "open the file" if href else f"the whole file is {path}")
         out.append({"name": rel, "href": href, "size": f"{size:,} bytes", "text": text})
     if len(paths) > FILE_LIMIT:
         out.append({"name": f"… and {len(paths) - FILE_LIMIT} more files", "href": None,
-                    "size": "", "text": ""})
+                    "size": "", "text": None})
     return out
 
 
@@ -235,5 +241,6 @@ def write_browser(data: RunData, report_dir: Path) -> Path:
                   name=data.config.get("name", data.run_dir.name), run_dir=str(data.run_dir),
                   episodes=rows, filters=filters)
     path = report_dir / "episodes.html"
-    path.write_text(page, encoding="utf-8")
+    # a lone surrogate (json.loads of "\ud800" in a recorded tool call) cannot be UTF-8
+    path.write_text(page, encoding="utf-8", errors="replace")
     return path

@@ -68,7 +68,9 @@ class Demo:
 def write_demos(path: Path, demos: Iterable[Demo]) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    with path.open("w", encoding="utf-8") as f:
+    # errors: a lone surrogate (json.loads of a transcript's "\ud800") cannot be UTF-8; it is
+    # written as "?" rather than losing every demo after it
+    with path.open("w", encoding="utf-8", errors="replace") as f:
         for demo in demos:
             f.write(json.dumps(demo.to_dict(), ensure_ascii=False) + "\n")
             n += 1

@@ -243,3 +243,57 @@ def test_a_submitted_workspace_is_copied_without_following_or_opening_anything(l
     assert "TOP-SECRET" not in report and rec.end_reason == "invalid"
     snap = ledger.run_dir / "episodes" / "e1" / "attempt-1"
     assert not (snap / "config.toml").is_symlink()
+
+
+def test_tool_calls_past_the_per_turn_cap_are_answered_not_run(ledger):
+    reads = [("read_file", {"path": "a.txt"})] * 5
+    pol = Scripted([calls(("write_file", {"path": "a.txt", "content": "hi"}), *reads)])
+    rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_calls_per_turn=3))
+    tools = [m.content for m in rec.messages if m.role == "tool"]
+    assert len(tools) == 6  # every call is answered...
+    assert tools[1] == tools[2] == "hi"  # ...the first three run...
+    assert all(t == "error: at most 3 tool calls a turn; this one was not run" for t in tools[3:])
+
+
+def test_tool_results_are_cut_past_the_episode_cap(ledger):
+    big = "é" * 4_000  # 8,000 UTF-8 bytes
+    pol = Scripted([calls(("write_file", {"path": "a.txt", "content": big})),
+                    calls(("read_file", {"path": "a.txt"})), calls(("read_file", {"path": "a.txt"})),
+                    calls(("read_file", {"path": "a.txt"}))])
+    rec = run_episode(pol, SPEC, None, ledger, EpisodeConfig(max_tool_bytes=10_000))
+    tools = [m.content for m in rec.messages if m.role == "tool"]
+    assert tools[1] == big  # under the cap: whole
+    assert tools[2].startswith("é" * 100) and "cap of 10,000 bytes" in tools[2]
+    assert tools[3].startswith("\n… cut: 8,000 more bytes not shown")  # nothing left
+    kept = sum(len(t.split("\n… cut")[0].encode()) for t in tools)
+    assert kept <= 10_000
+    stored = [t["content"] for t in ledger.turns(rec.id) if t["role"] == "tool"]
+    assert stored == tools  # the ledger holds what the agent saw, no more
+
+
+def test_a_lone_surrogate_from_any_policy_is_recorded_not_raised(ledger):
+    # an API policy parses its own calls: json.loads("\"\\ud800\"") is a lone surrogate
+    pol = Scripted([lambda obs: Turn(Message("assistant", "x\ud800", [
+        ToolCall("write_file", {"path": "a\ud800.txt", "content": "y\ud800"}, "c0")]))])
+    rec = run_episode(pol, SPEC, None, ledger)
+    assert rec.end_reason == "no_submit"
+    turn = ledger.turns(rec.id)[2]
+    assert turn["content"] == "x\ufffd"
+    assert turn["tool_calls"][0]["arguments"] == {"path": "a\ufffd.txt", "content": "y\ufffd"}
+    assert ledger.episode(rec.id)["status"] == "done"
+
+
+def test_an_episode_whose_logging_fails_ends_recorded(tmp_path):
+    class Refusing(Ledger):
+        def add_turn(self, episode_id, idx, turn):
+            if turn["role"] == "tool":
+                raise OSError("disk full")
+            super().add_turn(episode_id, idx, turn)
+
+    with Refusing(tmp_path / "run") as led:
+        pol = Scripted([calls(("read_file", {"path": "a.txt"}))])
+        rec = run_episode(pol, SPEC, None, led)
+        assert rec.end_reason == "harness_error" and "disk full" in rec.components["error"]
+        ep = led.episode(rec.id)
+        assert ep["status"] == "done" and ep["end_reason"] == "harness_error"
+        assert ep["reward"] == rec.reward

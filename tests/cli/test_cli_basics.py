@@ -122,3 +122,64 @@ def test_pre_post_come_with_wilson_intervals():
     assert "n = 200" in text and "+0.010, within noise" in text
     assert "intervals apart" in pre_post(0.1, 0.5)
     assert pre_post(None, 0.5).startswith("pre – → post 0.500 [")
+
+
+EVIL = ("t\x1b]0;PWNED\x07\x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x1b\\\x1b]8;;http://evil/\x1b\\"
+        "click\rfake\x9b31m\x7f\ud800 [/bold] [link=http://x]y[/link]")
+
+
+def test_shown_makes_agent_text_inert(capsys):
+    import io
+
+    import typer
+    from rich.console import Console
+
+    from nestor.cli.common import fail, shown
+
+    text = shown(EVIL + "\tcol\nline")
+    assert text.startswith("t␛]0;PWNED␇␛[2J␛]52;c;") and "click␍fake\ufffd31m␡\ufffd" in text
+    assert "\tcol\nline" in text  # tab and newline are layout, not controls
+    buf = io.StringIO()
+    Console(file=buf, force_terminal=True).print(f"[red]x[/red] {text}", highlight=False)
+    out = buf.getvalue()
+    assert out.count("\x1b") == 2  # rich's own colour on and off; none of the agent's
+    assert "[/bold] [link=http://x]y[/link]" in out  # markup shown as text, never applied
+    with pytest.raises(typer.Exit):
+        fail(f"job says {EVIL}")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "␛]0;PWNED" in err
+
+
+def test_episode_show_and_list_print_agent_text_inert(tmp_path):
+    from nestor.ledger import Ledger
+
+    with Ledger(tmp_path) as ledger:
+        ledger.start_episode("ep1", task_id="reverse", family="f", difficulty=0,
+                             policy=f"lm{EVIL}", policy_version=0, config={})
+        ledger.add_turn("ep1", 0, {"role": "assistant", "content": f"hello {EVIL}",
+                                   "tool_calls": [{"name": f"read_file{EVIL}", "arguments": {
+                                       "path": EVIL[:30], f"k{EVIL}": "v\ud800"}}]})
+        ledger.add_turn("ep1", 1, {"role": "tool", "content": f"{EVIL} file body"})
+        ledger.finish_episode("ep1", end_reason="ok", reward=0.1, components={})
+    for argv in (["episode", "show", "ep1"], ["episode", "list"]):
+        res = runner.invoke(app, [*argv, "--run-dir", str(tmp_path)])
+        assert res.exit_code == 0, res.output
+        assert "\x1b" not in res.output and "\r" not in res.output
+        assert "␛]0;PWNED" in res.output
+
+
+def test_episode_progress_line_is_inert(capsys):
+    from nestor.cli.episode import _Narrated
+    from nestor.policy.base import Message, Observation, ToolCall, Turn
+
+    class Policy:
+        name, version = "fake", 3
+
+        def act(self, obs):
+            return Turn(message=Message("assistant", "", tool_calls=[
+                ToolCall(id="1", name=f"submit{EVIL}", arguments={})]))
+
+    _Narrated(Policy(), status=None, max_turns=5).act(
+        Observation([Message("tool", f"validation failed {EVIL}")], []))
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and err.count("␛]0;PWNED") == 2

@@ -156,3 +156,16 @@ def test_every_bomb_ends_job_train_with_a_status_not_a_traceback(job, tmp_path, 
             assert needle in json.dumps(shown["validation"]), shown["validation"]
         elif kind != "huge_reward":  # run_job: the canary's re-probe words it its own way
             assert needle in shown["log_tail"], shown["log_tail"]
+
+
+def test_a_job_result_prints_job_text_inert(capsys):
+    from nestor.cli.job import _fields, _print_result
+    from nestor.inner.types import JobResult
+
+    # base_model is recorded as config.toml names it, before it is checked; the log is the job's
+    evil = "m[/bold]\x1b]0;PWNED\x07\x1b]52;c;ZWNobw==\x1b\\\ud800"
+    result = JobResult(status="failed", base_model=evil, log_tail=f"boom {evil}\x1b[2J")
+    _print_result(Path("job"), "reverse", result, _fields(result))
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err
+    assert "m[/bold]␛]0;PWNED␇" in out and "boom m[/bold]␛]0;PWNED" in err

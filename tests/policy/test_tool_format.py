@@ -146,3 +146,18 @@ def test_the_local_lm_policy_reads_and_clones_calls_in_its_format():
     call = ToolCall("write_file", {"path": "a.txt", "content": "hi"}, "call_0")
     ids = encode_action(Message("assistant", "", [call]))
     assert "<function=write_file>" in tok.decode(ids)
+
+
+@pytest.mark.parametrize("fmt, reply", [
+    (JSON, '<tool_call>{"name": "write_file\\ud800", "arguments": {"path\\udc00": "a", '
+           '"content": ["x\\ud800", {"y": "\\udfff"}]}}</tool_call>'),
+    (QWEN3_5, "<tool_call>\n<function=write_file\ud800>\n<parameter=path\udc00>\na\n</parameter>"
+              '\n<parameter=content>\n["x\\ud800", {"y": "\\udfff"}]\n</parameter>\n</function>'
+              "\n</tool_call>"),
+])
+def test_lone_surrogates_in_a_call_become_replacement_characters(fmt, reply):
+    # JSON's "\ud800" parses to a lone surrogate, which no ledger, file or terminal can encode
+    message, error = fmt.parse(reply)
+    call = message.tool_calls[0]
+    assert error is None and call.name == "write_file\ufffd"
+    assert call.arguments == {"path\ufffd": "a", "content": ["x\ufffd", {"y": "\ufffd"}]}

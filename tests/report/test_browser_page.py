@@ -23,7 +23,7 @@ def test_every_episode_with_its_parts(tmp_path):
                    "Job files (job)", "config.toml", "Transcript", "write_file", "log tail",
                    "hidden eval before → after", "<polyline"):
         assert needle in page, needle
-    assert 'href="../episodes/ep-0-1/job/config.toml"' in page
+    assert "max_steps = 10" in page  # config.toml, shown inline (not linked: see below)
     assert '<a href="episodes.html">Browse the 8 episodes' in (run / "report" / "index.html").read_text()
 
 
@@ -74,7 +74,8 @@ def test_huge_text_is_cut(tmp_path):
     page = (run / "report" / "episodes.html").read_text()
     assert len(page) < 500_000
     assert "4,980,000 more characters not shown here" in page
-    assert "2,992,000 more bytes: open the file" in page
+    huge = run / "episodes" / "big" / "workspace" / "huge.jsonl"
+    assert f"2,992,000 more bytes: the whole file is {huge}" in page
     assert len(cut("x" * 10, 5)) > 5 and cut("short") == "short"
 
 
@@ -93,3 +94,30 @@ def test_episode_dir_without_config_or_metrics(tmp_path):
     write_report(run)
     assert RunData.load(run).episodes and 'data-step="none"' in (
         run / "report" / "episodes.html").read_text()
+
+
+def test_only_files_a_browser_shows_as_text_are_linked(tmp_path):
+    # from file://, an agent's x.html or x.svg would open as a page, and a browser sniffs a
+    # name it does not know (.toml, .jsonl) for HTML: those are shown inline only
+    run = make_run(tmp_path / "run", steps=1)
+    job = run / "episodes" / "ep-0-1" / "job"
+    page_src = "<script>alert(1)</script>"
+    for name in ("x.html", "x.SVG", "x.xhtml", "notes.txt", "env/pkg/__init__.py", "a.json"):
+        (job / name).parent.mkdir(parents=True, exist_ok=True)
+        (job / name).write_text(page_src)
+    write_report(run)
+    page = (run / "report" / "episodes.html").read_text()
+    hrefs = re.findall(r'<a href="\.\./episodes/ep-0-1/job/([^"]+)">open</a>', page)
+    assert sorted(hrefs) == ["a.json", "env/pkg/__init__.py", "notes.txt"]
+    for name in ("x.html", "x.SVG", "x.xhtml", "config.toml", "train.jsonl"):
+        assert f"{name} <span" in page  # still listed, its text shown
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 6
+
+
+def test_a_lone_surrogate_in_a_recorded_call_does_not_stop_the_report(tmp_path):
+    run = make_run(tmp_path / "run", steps=1)
+    with Ledger(run) as ledger:  # stored JSON-escaped, read back as a lone surrogate
+        ledger.add_turn("ep-0-1", 99, {"role": "assistant", "content": "", "tool_calls": [
+            {"name": "write_file\ud800", "arguments": {"path": "a", "content": "x\ud800"}}]})
+    write_report(run)
+    assert "write_file?" in (run / "report" / "episodes.html").read_text()

@@ -138,10 +138,13 @@ def test_unmodified_browser_runs_only_its_own_script(tmp_path):
 
 def test_job_file_links_resolve_from_the_page(tmp_path):
     """Each file's "open" link, resolved against the page the browser shows, is that file
-    (a browser may display or download it by type; the inline preview is always there)."""
+    (only text types are linked; the inline preview is always there)."""
     run = make_run(tmp_path / "run", steps=1)
+    for ep in ("ep-0-1", "ep-0-2"):
+        (run / "episodes" / ep / "job" / "env").mkdir(parents=True, exist_ok=True)
+        (run / "episodes" / ep / "job" / "env" / "rewards.py").write_text("x = 1\n")
     browser = write_report(run).with_name("episodes.html")
     hrefs = re.findall(r'<a href="(\.\./episodes/[^"]+)">open</a>', browser.read_text())
-    assert len(hrefs) == 8  # 4 episodes x (config.toml, data/train.jsonl)
+    assert len(hrefs) == 2  # the .py files; config.toml and data/train.jsonl are inline only
     for href in hrefs:
         assert (browser.parent / href).resolve().is_file(), href

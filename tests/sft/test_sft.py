@@ -13,7 +13,7 @@ from nestor.policy.base import Message, Observation, ToolCall
 from nestor.policy.chat import parse_assistant
 from nestor.policy.lm import LMPolicy
 from nestor.sft.data import EncodeStats, encode_demo, policy_encoders, turn_pairs
-from nestor.sft.demos import Demo, from_openai_jsonl, select
+from nestor.sft.demos import Demo, from_openai_jsonl, read_demos, select, write_demos
 from nestor.sft.run import split_demos
 from nestor.sft.trainer import SFTConfig, Trainer, bc_loss
 
@@ -258,3 +258,15 @@ def test_openai_transcripts_and_outcome_filters(tmp_path):
 
     with pytest.raises(DemoError, match="line 1.*not JSON"):
         from_openai_jsonl(path)
+
+
+def test_demos_with_a_lone_surrogate_are_written(tmp_path):
+    # a transcript's "\ud800" (JSON-escaped, so it round-trips) cannot be UTF-8: it must not
+    # stop write_demos, nor cost the demos after it
+    bad = Demo([Message("assistant", "", [ToolCall("write_file", {"path": "a",
+                                                                  "content": "x\ud800"}, "a")])],
+               TOOLS, id="bad")
+    assert write_demos(tmp_path / "d.jsonl", [bad, Demo(conversation(), TOOLS, id="ok")]) == 2
+    back = read_demos(tmp_path / "d.jsonl")
+    assert [d.id for d in back] == ["bad", "ok"]
+    assert back[0].messages[0].tool_calls[0].arguments["content"] == "x?"
