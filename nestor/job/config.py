@@ -6,6 +6,7 @@ the agent reads this surface (docs/job-format.md) and a good agent moves off the
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -16,8 +17,14 @@ from nestor.config import validation_problems
 from nestor.models.registry import LR_MAX, learning_rate_ranges
 
 DEFAULT_TOKEN_BUDGET = 150_000  # sampled tokens per job; callers may set their own cap
-MAX_CONFIG_BYTES = 64 << 10
+# A job's config.toml and env/pyproject.toml are < 4 KB in practice; the caps keep tomllib
+# fast (deep dotted keys parse super-quadratically: 64 KiB of `x.x.x… = 1` takes ~30 s).
+MAX_CONFIG_BYTES = MAX_TOML_BYTES = 16 << 10
+MAX_KEY_DEPTH = 16
 TOO_DEEP = "not valid TOML: arrays or tables nested too deeply to parse; keep them shallow"
+_SEG = r"""(?:[A-Za-z0-9_-]++|"[^"\n]*+"|'[^'\n]*+')"""  # a bare or quoted key part
+# The lookbehind starts a match only at a key part's start, so the scan stays linear.
+_DEEP_KEY = re.compile(rf"(?<![\w-]){_SEG}(?:[ \t]*+\.[ \t]*+{_SEG}){{{MAX_KEY_DEPTH},}}")
 
 
 class JobConfig(BaseModel):
@@ -74,23 +81,40 @@ class JobConfigError(ValueError):
     """config.toml is missing, not TOML, or out of range; the message says what to fix."""
 
 
-def load_job_config(path: Path) -> JobConfig:
-    """The JobConfig in `path` (a job's config.toml), read without following a link."""
+def read_toml(root: Path | str, rel: str) -> dict:
+    """The TOML file `rel` of a job directory, read without following a link and parsed only
+    if it is small and shallow; JobConfigError says what to fix."""
     from nestor.job.safe_read import UnsafeFileError, read_text
 
-    path = Path(path)
     try:
-        text = read_text(path.parent, path.name, MAX_CONFIG_BYTES)
+        text = read_text(root, rel, MAX_TOML_BYTES)
     except UnsafeFileError as exc:
         raise JobConfigError(str(exc)) from None
+    deep = _DEEP_KEY.search(text)
+    if deep:
+        raise JobConfigError(f"{rel}: a key or table name is dotted more than {MAX_KEY_DEPTH} "
+                             f"levels deep ({deep.group()[:40]}…); keep keys shallow")
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise JobConfigError(f"{path.name}: not valid TOML: {exc}") from None
+        raise JobConfigError(f"{rel}: not valid TOML: {exc}") from None
     except RecursionError:  # a few KB of `[[[[...` exhausts the parser's stack
-        raise JobConfigError(f"{path.name}: {TOO_DEEP}") from None
+        raise JobConfigError(f"{rel}: {TOO_DEEP}") from None
+    except ValueError:  # tomllib's int() of thousands of digits: over Python's digit limit
+        raise JobConfigError(f"{rel}: not valid TOML: a number has too many digits to read; "
+                             "write numbers of a few digits") from None
+
+
+def job_config(data: dict, name: str = "config.toml") -> JobConfig:
+    """`data` (a parsed config.toml) as a JobConfig, or JobConfigError naming the problems."""
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
         problems = validation_problems(exc, JobConfig)
-        raise JobConfigError(f"{path.name}: {problems}") from None
+        raise JobConfigError(f"{name}: {problems}") from None
+
+
+def load_job_config(path: Path) -> JobConfig:
+    """The JobConfig in `path` (a job's config.toml), read without following a link."""
+    path = Path(path)
+    return job_config(read_toml(path.parent, path.name), path.name)

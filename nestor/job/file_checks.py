@@ -8,16 +8,9 @@ Every file is read without following links and up to a cap (safe_read.py).
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
-from nestor.job.config import (
-    DEFAULT_TOKEN_BUDGET,
-    MAX_CONFIG_BYTES,
-    JobConfig,
-    JobConfigError,
-    load_job_config,
-)
+from nestor.job.config import DEFAULT_TOKEN_BUDGET, JobConfig, JobConfigError, job_config, read_toml
 from nestor.job.layout import CONFIG, DATA, MAX_DATA_BYTES, JobLayout, LayoutError, read_layout
 from nestor.job.report import Check, CheckLog
 from nestor.job.safe_read import UnsafeFileError, is_plain_file, read_text
@@ -41,12 +34,13 @@ def static_checks(job_dir: Path | str,
 def trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
                    report: CheckLog) -> JobConfig | None:
     """config, budget and dataset, added to `report`; the job's config where it is valid."""
-    config = None
+    config, data = None, None
     if is_plain_file(job_dir, CONFIG):  # a link or special file: the files check said so
-        try:
-            config = load_job_config(job_dir / "config.toml")
+        try:  # parsed once: tomllib is the slow part
+            data = read_toml(job_dir, CONFIG)
+            config = job_config(data, CONFIG)
         except JobConfigError as exc:
-            problem = _model_problem(_raw_base_model(job_dir / "config.toml"))
+            problem = _model_problem(_raw_base_model(data))
             report.add("config", False, str(exc) + (f"; {problem}" if problem else ""))
         else:
             problem = _model_problem(config.base_model)
@@ -69,13 +63,9 @@ def trusted_checks(job_dir: Path, layout: JobLayout | None, token_budget: int,
     return config
 
 
-def _raw_base_model(path: Path) -> str:
+def _raw_base_model(data: dict | None) -> str:
     """base_model as written, so an unknown model is named together with the schema errors."""
-    try:
-        text = read_text(path.parent, path.name, MAX_CONFIG_BYTES)
-        value = tomllib.loads(text).get("base_model", "tiny-m")
-    except (UnsafeFileError, tomllib.TOMLDecodeError, RecursionError):
-        return "tiny-m"
+    value = (data or {}).get("base_model", "tiny-m")
     return value if isinstance(value, str) else "tiny-m"
 
 

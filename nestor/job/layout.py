@@ -18,12 +18,11 @@ import importlib.util
 import os
 import pkgutil
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from nestor.job import safe_read
-from nestor.job.config import TOO_DEEP
+from nestor.job.config import JobConfigError, read_toml
 
 CONFIG = "config.toml"
 DATA = "data/train.jsonl"
@@ -31,7 +30,6 @@ ENV = "env"
 PYPROJECT = "env/pyproject.toml"
 REQUIRED = (CONFIG, PYPROJECT)  # data/train.jsonl is optional (the short form)
 MAX_DATA_BYTES = 32 << 20
-MAX_TOML_BYTES = 64 << 10  # config.toml, env/pyproject.toml
 
 _PYPROJECT_TEMPLATE = '''\
 [project]
@@ -173,13 +171,9 @@ def _installed(name: str, root: Path) -> bool:
 
 def _check_pyproject(root: Path, package: str) -> None:
     try:
-        meta = tomllib.loads(safe_read.read_text(root, PYPROJECT, MAX_TOML_BYTES))
-    except safe_read.UnsafeFileError as exc:
+        meta = read_toml(root, PYPROJECT)
+    except JobConfigError as exc:
         raise LayoutError(str(exc)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise LayoutError(f"{PYPROJECT}: not valid TOML: {exc}") from None
-    except RecursionError:  # a few KB of `[[[[...` exhausts the parser's stack
-        raise LayoutError(f"{PYPROJECT}: {TOO_DEEP}") from None
     name = meta.get("project", {}).get("name") if isinstance(meta.get("project"), dict) else None
     if not isinstance(name, str) or not name:
         raise LayoutError(f"{PYPROJECT}: needs [project] name = \"{package.replace('_', '-')}\"")

@@ -163,6 +163,9 @@ def _update_bytes(config: JobConfig, P: int, G: int, T: int, Lp: int, s: ModelSh
 # trusted process stays small, whatever its prompts).
 MAX_EXACT_BYTES = 4 << 20
 MAX_EXACT_S = 5.0
+# Nor is one prompt over this measured: the time is checked only between prompts, and one
+# 3 MB prompt takes ~17 s and 1.5 GB to tokenize. (A task's text is ≤ 16,384 characters.)
+MAX_EXACT_PROMPT_BYTES = 64 << 10
 JUNCTION_SLACK = 8  # tokens a BPE may re-split where the prompt meets the template's text
 
 
@@ -181,8 +184,8 @@ def prompt_tokens(prompts: list[str], tokenizer) -> tuple[int, int, bool]:
     Every prompt gets a sound bound (template + its bytes, or characters for the char
     tokenizer, + JUNCTION_SLACK); prompts are then measured exactly in decreasing order of
     their bound until none left can exceed the worst measured, within MAX_EXACT_BYTES and
-    MAX_EXACT_S; past those the bound stands. Characters alone are no
-    bound: a short non-Latin prompt can be more tokens than a long Latin one."""
+    MAX_EXACT_S, and none over MAX_EXACT_PROMPT_BYTES; past those the bound stands. Characters
+    alone are no bound: a short non-Latin prompt can be more tokens than a long Latin one."""
     from nestor.job.dryrun import render_prompt
 
     if not prompts:
@@ -205,7 +208,7 @@ def prompt_tokens(prompts: list[str], tokenizer) -> tuple[int, int, bool]:
         if bound[i] <= worst:
             break  # no prompt left can be longer than the worst one measured
         budget -= size[i]
-        if budget < 0 or time.monotonic() > deadline:
+        if budget < 0 or size[i] > MAX_EXACT_PROMPT_BYTES or time.monotonic() > deadline:
             worst, worst_i, exact = bound[i], i, False  # out of budget: the bound stands
             break
         try:

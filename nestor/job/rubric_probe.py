@@ -33,7 +33,7 @@ class Reply:
 
 
 def _bump(c: str) -> str:
-    if c.isdigit():
+    if "0" <= c <= "9":  # not isdigit(): '²' is a digit that int() refuses
         return str((int(c) + 1) % 10)
     if c.islower():
         return chr((ord(c) - 97 + 1) % 26 + 97)

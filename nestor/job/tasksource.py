@@ -54,6 +54,10 @@ from nestor.sandbox.hosts import (  # noqa: F401  (re-exported: the host pool)
 )
 
 MAX_TASKS = 20_000
+MAX_TEXT = 16_384  # protocol.py's cap on a task's text, re-checked here: job code can patch it
+MAX_NAME = 200  # chars of a name from a reply (a class, a reward) that reports show
+MAX_MESSAGE = 2_000  # chars of an error message from a reply
+MAX_REWARDS = 32  # reward names shown; a real Task has a few
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ class JobTaskSource:
                 self._opened, self._died, got = False, True, stage
                 if error == "timeout":
                     raise TaskSourceError(stage, _explain(stage, "did not reply within", timeout_s))
-            raise TaskSourceError(got, _limit_hint(clean_text(error), self.limits))
+            raise TaskSourceError(got, _limit_hint(clean_text(error, MAX_MESSAGE), self.limits))
         return reply
 
     # -- the job -----------------------------------------------------------------------------
@@ -212,8 +216,15 @@ class JobTaskSource:
         """Import the env package; returns its Taskset/Task class names and reward names."""
         if not self._imported:
             self.start()
-            self.info.update(self._request("import", {"cmd": "import", "package": self.package},
-                                           self.timeouts.import_s))
+            reply = self._request("import", {"cmd": "import", "package": self.package},
+                                  self.timeouts.import_s)
+            rewards = reply.get("rewards") if isinstance(reply.get("rewards"), list) else []
+            # names the job chose: cleaned and bounded before any report or database sees them
+            self.info.update(package=self.package,
+                             taskset=clean_text(reply.get("taskset"), MAX_NAME),
+                             task=clean_text(reply.get("task"), MAX_NAME),
+                             rewards=[clean_text(r, MAX_NAME) for r in rewards[:MAX_REWARDS]],
+                             import_s=_seconds(reply.get("import_s")))
             self._imported = True
         return self.info
 
@@ -230,7 +241,10 @@ class JobTaskSource:
                     for t in tasks):
                 self._malformed("load", "the host sent a malformed task list (did the job "
                                 "write to the protocol fd?)")
-            if (err := _undecodable(tasks)) is not None:
+            if len(tasks) > self.max_tasks:  # the sandbox's own cap is the job's to patch
+                raise TaskSourceError("load", f"load() sent {len(tasks):,} tasks, over the cap "
+                                      f"of {self.max_tasks:,}; yield fewer")
+            if (err := _undecodable(tasks) or _too_long(tasks)) is not None:
                 raise TaskSourceError("load", err)
             self._tasks = tasks
             self.info["truncated"] = bool(reply.get("truncated"))
@@ -262,14 +276,15 @@ class JobTaskSource:
             self._malformed("score", f"the host answered {len(items)} items with a reply of "
                             "another shape (did the job write to the protocol fd?)")
         try:
-            errors = [None if e is None else clean_text(str(e)) for e in reply["errors"]]
+            errors = [None if e is None else clean_text(e, MAX_MESSAGE) for e in reply["errors"]]
             rewards: list[float | None] = []
             for i, r in enumerate(reply["rewards"]):
                 value, why = _reward_float(r)
                 rewards.append(value)
                 errors[i] = errors[i] or why
-            return ScoreBatch(rewards, errors, [dict(c) for c in reply["components"]], waited,
-                              _seconds(reply.get("elapsed_s")))
+            components = [{clean_text(k, MAX_NAME): v for k, v in dict(c).items()}
+                          for c in reply["components"]]
+            return ScoreBatch(rewards, errors, components, waited, _seconds(reply.get("elapsed_s")))
         except (TypeError, ValueError, KeyError, OverflowError) as exc:
             self._malformed("score", f"the host sent a malformed reply: {exc}")
 
@@ -284,8 +299,12 @@ class JobTaskSource:
         return [float(r) for r in batch.rewards]
 
 
-def clean_text(text: str) -> str:
-    """Text a job wrote, safe to print and store (a lone surrogate becomes U+FFFD)."""
+def clean_text(text, limit: int | None = None) -> str:
+    """Text a job wrote, safe to print and store (a lone surrogate becomes "?"), cut to
+    `limit` characters."""
+    text = str(text)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + f"… ({len(text):,} characters)"
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
@@ -321,6 +340,16 @@ def _undecodable(tasks: list[dict]) -> str | None:
     return None
 
 
+def _too_long(tasks: list[dict]) -> str | None:
+    """Which task's text is over MAX_TEXT characters, or None."""
+    for i, task in enumerate(tasks):
+        for key in ("prompt", "answer", "system_prompt"):
+            if len(task.get(key) or "") > MAX_TEXT:
+                return (f"task {i}'s {key} is {len(task[key]):,} characters, over the cap of "
+                        f"{MAX_TEXT:,}; shorten it (no context fits it)")
+    return None
+
+
 def _seconds(value) -> float | None:
     try:
         return float(value)
@@ -342,6 +371,11 @@ def _explain(stage: str, sandbox_message: str, timeout_s: float) -> str:
     what = {"host": "starting the sandboxed host", "import": "importing the env package",
             "load": "load()", "score": "scoring"}.get(stage, stage)
     first, _, rest = sandbox_message.partition("\n")
+    if stage == "load" and "reply line longer than" in first:  # all rows travel as one line
+        cap, unit, after = first.partition(" bytes")
+        first = (cap + unit + " (all the rows load() yields come back as that one line of "
+                 "JSON: about 50 bytes a row besides its text, 6 a non-ASCII character; yield "
+                 "fewer or shorter rows)" + after)
     if "did not reply within" in first or "did not read its request" in first:
         return (f"{what} did not finish within {timeout_s:g} s (killed); look for an endless "
                 f"loop or slow work there" + (f"\n{rest}" if rest else ""))

@@ -38,6 +38,7 @@ from nestor.job.memory import (
 from nestor.job.report import Check, CheckLog, ValidationReport
 from nestor.job.rubric_probe import RubricProbe, probe_replies
 from nestor.job.tasksource import (
+    MAX_MESSAGE,
     TRAIN_LIMITS,
     JobTaskSource,
     TaskSourceError,
@@ -140,23 +141,25 @@ def _sandbox_checks(source: JobTaskSource, spec: TaskSpec, config: JobConfig | N
         return
     report.add("imports", True, f"env/{source.package} imports in "
                f"{source.timings.get('import', 0):.2f} s")
-    report.add("taskset", True, f"{info.get('taskset')} -> {info.get('task')}, rewards: "
-               f"{', '.join(map(str, info.get('rewards') or []))}")
+    names = f"{info.get('taskset')} -> {info.get('task')}, rewards: " \
+        f"{', '.join(map(str, info.get('rewards') or []))}"
+    report.add("taskset", True, clean_text(names, MAX_MESSAGE))
     try:
         tasks = source.load()
     except TaskSourceError as exc:
         report.add("load", False, str(exc))
         return
-    if not _check_tasks(tasks, source, report):
+    if not check_tasks(tasks, source, report):
         return
-    fits = config is not None and _check_context(tasks, config, tokenizer, report) \
+    fits = config is not None and check_context(tasks, config, tokenizer, report) \
         and _check_memory(tasks, config, tokenizer, memory_cap_mb, report)
     valid = _rubric_checks(source, tasks, spec, report)
     if dry_run and valid and fits:
         _dry_run(source, tasks, config, report)
 
 
-def _check_tasks(tasks: list[dict], source: JobTaskSource, report: CheckLog) -> bool:
+def check_tasks(tasks: list[dict], source: JobTaskSource, report: CheckLog) -> bool:
+    """The probe's row checks; training re-runs them on the rows load() yields there."""
     if len(tasks) < MIN_TASKS:
         return report.add("load", False, f"load() yielded {len(tasks)} tasks; it needs at least "
                           f"{MIN_TASKS} (varied prompts: the trainer samples a batch per step)")
@@ -174,7 +177,7 @@ def _check_tasks(tasks: list[dict], source: JobTaskSource, report: CheckLog) -> 
                       f"in {source.timings.get('load', 0):.2f} s")
 
 
-def _check_context(tasks: list[dict], config: JobConfig, tokenizer, report: CheckLog) -> bool:
+def check_context(tasks: list[dict], config: JobConfig, tokenizer, report: CheckLog) -> bool:
     limit = _context_length(config.base_model)
     if tokenizer is None or limit is None:
         return report.add("context", True, f"skipped: no tokenizer for {config.base_model} here")

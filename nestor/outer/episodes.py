@@ -75,12 +75,12 @@ def knobs_changed(job_dir: Path, max_new_tokens: int, token_budget: int) -> int 
     """How many JobConfig knobs (besides base model and seed) differ from the scaffold's config
     for the same base model, task and budget (nestor/job/scaffold.py: scaffold_config). An
     episode that changes ≥ 1 uses the hyperparameter surface (docs/outer.md)."""
-    from nestor.job.config import JobConfig, JobConfigError, load_job_config
+    from nestor.job.config import JobConfig, load_job_config
     from nestor.job.scaffold import scaffold_config
 
-    try:
+    try:  # a metric only: whatever a bad config.toml raises must not fail the episode
         cfg = load_job_config(job_dir / "config.toml")
-    except JobConfigError:
+    except (ValueError, RecursionError):  # JobConfigError is a ValueError
         return None
     ref = scaffold_config(cfg.base_model, max_new_tokens, token_budget)
     return sum(1 for k in JobConfig.model_fields

@@ -198,7 +198,7 @@ class SandboxedProcess:
                     del self._buf[: nl + 1]
                     return line
                 if len(self._buf) > max_line:
-                    self._fail(f"sent a reply line longer than {max_line} bytes")
+                    self._fail(f"sent a reply line longer than {max_line:,} bytes")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._fail(f"did not reply within {timeout_s:g} s")

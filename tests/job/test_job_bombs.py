@@ -60,6 +60,53 @@ def test_toml_nesting_bombs_are_parse_errors_of_the_job(job):
         read_layout(job)
 
 
+@pytest.mark.parametrize("text, needle", [
+    ("max_steps = " + "9" * 5000 + "\n", "too many digits"),  # tomllib raises ValueError
+    ("x" + ".x" * 20 + " = 1\n", "dotted more than 16 levels"),
+    ("[x" + ".x" * 20 + "]\n", "dotted more than 16 levels"),
+    ('"x"' + ' . "x"' * 20 + " = 1\n", "dotted more than 16 levels"),
+    ("# padding\n" * 2000, "over 16,384 bytes"),  # 20 KB; a real one is < 4 KB
+])
+def test_toml_tomllib_trips_or_crawls_on_is_refused_with_what_to_fix(job, text, needle):
+    (job / "config.toml").write_text(text)
+    with pytest.raises(JobConfigError, match=needle):
+        load_job_config(job / "config.toml")
+    (job / "config.toml").write_text((GOOD / "config.toml").read_text())
+    (job / "env" / "pyproject.toml").write_text(text)
+    with pytest.raises(LayoutError, match=needle):
+        read_layout(job)
+
+
+def test_the_depth_scan_is_fast_and_passes_ordinary_toml(job):
+    import time
+
+    from nestor.job.config import _DEEP_KEY
+
+    for name in ("config.toml", "env/pyproject.toml"):  # a real job's files pass the scan
+        assert _DEEP_KEY.search((GOOD / name).read_text()) is None
+    assert _DEEP_KEY.search('a.b.c = "1.2.3.4.5.6.7.8"\nurl = "https://x.y.z/a.b.c"\n') is None
+    start = time.perf_counter()
+    for worst in ("a" * 16000, "a." * 8000, '"' * 16000, "a.b." * 4000 + "\n" + "a " * 8000):
+        _DEEP_KEY.search(worst)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_config_toml_is_parsed_once_by_the_static_checks(job, monkeypatch):
+    import tomllib
+
+    from nestor.job.file_checks import trusted_checks
+    from nestor.job.report import CheckLog
+
+    (job / "config.toml").write_text('base_model = "nope"\nmax_steps = 0\n')
+    calls, loads = [], tomllib.loads
+    monkeypatch.setattr(tomllib, "loads", lambda text: calls.append(text) or loads(text))
+    report = CheckLog()
+    trusted_checks(job, None, 150_000, report)
+    assert len(calls) == 1
+    message = report.checks[0].message
+    assert "max_steps" in message and "'nope' is not a known model" in message
+
+
 def test_rewards_no_float_can_hold_and_undecodable_text_are_named():
     value, why = tasksource._reward_float(10**400)
     assert value is None and "too large" in why

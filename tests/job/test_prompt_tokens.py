@@ -51,9 +51,9 @@ def test_the_context_check_refuses_it(bpe, monkeypatch):
     tasks = [{"prompt": LATIN + str(i)} for i in range(40)] + [{"prompt": CJK}]
     report = CheckLog()
     config = JobConfig(base_model="smollm2-135m", max_new_tokens=16)
-    assert not validate._check_context(tasks, config, bpe, report)
+    assert not validate.check_context(tasks, config, bpe, report)
     assert "task 40's prompt" in report.checks[-1].message
-    assert validate._check_context(tasks[:40], config, bpe, CheckLog())
+    assert validate.check_context(tasks[:40], config, bpe, CheckLog())
 
 
 def test_the_work_is_bounded_and_the_bound_is_sound(bpe, monkeypatch):
@@ -72,6 +72,17 @@ def test_the_work_is_bounded_and_the_bound_is_sound(bpe, monkeypatch):
     assert sum(calls) <= 256 << 10  # what was measured (the template's own: 0)
     assert not exact  # the budget ran out: the bound stands for the rest
     assert tokens >= max(len(real(bpe, p)) for p in prompts[::47])
+
+
+def test_one_huge_prompt_is_never_tokenized(bpe, monkeypatch):
+    """The time budget is checked between prompts: one 3 MB prompt would take seconds and GBs."""
+    calls = []
+    monkeypatch.setattr("nestor.job.dryrun.render_prompt",
+                        lambda tok, p: calls.append(len(p)) or render_prompt(tok, p))
+    huge = "the quick brown fox " * 5000  # 100 KB: within MAX_EXACT_BYTES, over one prompt's
+    tokens, index, exact = prompt_tokens([LATIN] * 40 + [huge], bpe)
+    assert index == 40 and not exact and tokens >= len(huge.encode())  # the bytes bound
+    assert len(huge) not in calls
 
 
 def test_char_tokenizer_counts_are_exact_without_measuring_them_all():

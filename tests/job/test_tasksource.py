@@ -241,3 +241,50 @@ def test_a_host_started_from_a_short_lived_thread_outlives_it():
     t.join()
     time.sleep(0.5)  # bwrap's parent-death signal, were the host a child of that thread
     assert tasksource._idle and all(z.alive for z in tasksource._idle)
+
+
+def test_the_trusted_side_rechecks_the_caps_job_code_can_patch(tmp_path):
+    """protocol.py's caps run in the sandbox, beside the job's code, which can change them."""
+    patch = ("import sys, __main__\nsys.modules['nestor_protocol'].MAX_TEXT = 10**9\n"
+             "_load = __main__.COMMANDS['load']\n"
+             "__main__.COMMANDS['load'] = lambda req: _load({**req, 'max_tasks': 10**9})\n")
+    job = _copy(tmp_path, "patched", lambda s: patch + s)
+    with JobTaskSource(job, max_tasks=100) as src, \
+            pytest.raises(TaskSourceError, match="2,000 tasks, over the cap of 100"):
+        src.load()
+    data = job / "data" / "train.jsonl"
+    data.write_text('{"prompt": "' + "a" * 20_000 + '", "answer": "x"}\n' + data.read_text())
+    with JobTaskSource(job) as src, \
+            pytest.raises(TaskSourceError, match="task 0's prompt is 20,000 characters"):
+        src.load()
+
+
+def test_names_in_replies_are_cleaned_and_bounded(tmp_path):
+    """A reward named with a lone surrogate cannot reach sqlite; a 100 KB class name cannot
+    reach a report."""
+    tail = ("\nsetattr(ReverseTask, 'r\\ud800', ReverseTask.__dict__['exact'])\n"
+            "ReverseTaskset.__name__ = 'T' * 100_000\n")
+    job = _copy(tmp_path, "names", lambda s: s + tail)
+    with JobTaskSource(job) as src:
+        info = src.import_env()
+        assert "r?" in info["rewards"] and len(info["taskset"]) < 300
+        for text in [info["taskset"], *info["rewards"]]:
+            text.encode("utf-8")  # raises on a surrogate
+
+
+def test_clean_text_bounds_what_it_keeps():
+    assert tasksource.clean_text("x" * 5000, 100) == "x" * 100 + "… (5,000 characters)"
+    assert tasksource.clean_text("a\ud800") == "a?"
+
+
+def test_rows_over_the_reply_cap_say_what_to_do(tmp_path):
+    """load()'s rows come back as one reply line, capped (16 × output_bytes): the error names
+    the cap and the fix."""
+    job = _copy(tmp_path, "many")
+    row = '{"prompt": "reverse ' + "ab" * 90 + '", "answer": "x"}\n'
+    (job / "data" / "train.jsonl").write_text(row * 20_000)  # ~4 MB of reply
+    with JobTaskSource(job) as src, pytest.raises(TaskSourceError) as err:
+        src.load()
+    message = str(err.value)
+    assert err.value.stage == "load" and "longer than 3,200,000 bytes" in message, message
+    assert "yield fewer or shorter rows" in message
