@@ -114,7 +114,7 @@ def improvement_of(result: JobResult | None) -> float:
 
 def moved(result: JobResult | None) -> bool:
     """The trusted side measured that training changed the weights (inner/change.py)."""
-    return result is not None and change_moved(result.weight_change, result.step_efficiency)
+    return result is not None and change_moved(result.step_efficiency, result.grid_steps)
 
 
 def trained(result: JobResult | None) -> bool:
@@ -157,6 +157,7 @@ def compute_reward(result: JobResult | None, *, passed_on: int | None, max_attem
         "moved": float(changed),
         "weight_change": None if result is None else result.weight_change,
         "step_efficiency": None if result is None else result.step_efficiency,
+        "grid_steps": None if result is None else result.grid_steps,
         "post": post,
         "improvement": uplift,
         "quality": quality,

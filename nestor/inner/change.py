@@ -7,35 +7,42 @@ rewards whose spread is a few 1e-6) leaves gradients so far below AdamW's epsilo
 step moves a weight by ~1e-4 of the learning rate instead of ~lr. Both run every step, and
 both leave the model as it was.
 
-Two numbers, over the trained parameters (all weights for a full fine-tune; the adapter's A
+Three numbers, over the trained parameters (all weights for a full fine-tune; the adapter's A
 and B for LoRA, whose merged delta B·A·α/r is what `change` measures there), with
-Δθ = θ_trained − (1 − lr·wd)^n · θ_start, n the optimizer steps taken:
+Δθ = θ_trained − (1 − lr·wd)^n · θ_start, n the optimizer steps taken, N the weights trained:
 
     change     = ||Δθ|| / ||θ_start||          (LoRA: ||ΔW|| / ||W|| of the adapted layers)
-    efficiency = ||Δθ|| / (lr · n · sqrt(N))  (N weights trained)
+    efficiency = ||Δθ|| / (lr · n · sqrt(N))  (a weight's mean step, in units of lr)
+    grid_steps = ||Δθ|| / sqrt(N) / lr_low    (a weight's mean move, in AdamW steps at lr_low)
 
-`efficiency` is the mean step of a weight, in units of the learning rate: AdamW moves every
-weight with a gradient signal by about lr per step (m̂/√v̂ ≈ ±1), so an honest job sits near
-0.1–1 whatever its model, learning rate or step count, and a job whose gradients vanish under
-epsilon near 1e-4. `change` catches what efficiency cannot: a learning rate so small that
-even a full step is nothing. Removing (1 − lr·wd)^n matters: AdamW's decoupled decay moves
-every weight by lr·wd per step whatever the gradient. It is computed on the float32 master
-weights (a bf16 model's rounding is not change), in one pass over the parameters.
+`efficiency`: AdamW moves every weight with a gradient signal by about lr per step (m̂/√v̂ ≈
+±1), so an honest job sits near 0.1–1 whatever its model, learning rate or step count, and a
+job whose gradients vanish under epsilon near 1e-4. `grid_steps` catches what efficiency
+cannot, a learning rate so small that the whole run moves nothing, and it is the model's own
+scale: lr_low is the bottom of the base model's learning-rate grid (models/registry.py; LoRA's
+×10), so grid_steps ≈ efficiency × lr × n / lr_low, about one for one AdamW step at lr_low. A
+job is `moved` when both clear their floors; `change` is recorded, not gated (an absolute
+floor on it, 1e-6 until 2026-12-08, was set for Qwen3-1.7B's smallest honest step and let one
+step of tiny-m at lr 3e-7 — its weights moved 5e-6, its scores not at all — through). Removing
+(1 − lr·wd)^n matters: AdamW's decoupled decay moves every weight by lr·wd per step whatever
+the gradient. All are computed on the float32 master weights (a bf16 model's rounding is not
+change), in one pass over the parameters.
 
-The floors, measured on tiny-m, good-length, 4 steps (docs/inner.md has the table):
+The floors, measured on tiny-m (lr_low 1e-4), good-length (docs/inner.md has the tables):
 
-    job                                   change     efficiency
-    honest, lr 3e-4 / 1e-4                1.1e-2     0.52 / 0.64
-    LoRA r8, lr 3e-3                      5.1e-2     0.47
-    lr 1e-12                              1.3e-12    0.019 (what float32 did not round away)
-    grad_clip 1e-9                        7.0e-7     3.4e-5
-    grad_clip 1e-9, lr 1e-2, wd 0.5       2.3e-5     3.4e-5
-    LoRA r8, lr 3e-3, grad_clip 1e-9      2.1e-5     1.7e-4
+    job (4 steps, but where said)         efficiency  grid_steps  hidden eval, pre 0.365
+    honest, lr 3e-4 / 1e-4                0.53 / 0.56 6.4 / 2.3   0.400 / 0.380
+    LoRA r8, lr 3e-3                      0.48        5.7         0.420
+    lr 1e-12                              0.014       6e-10       0.365
+    grad_clip 1e-9 (lr 3e-4; LoRA 3e-3)   < 1e-4      3e-4; 1e-3  0.365
+    noise, one step at lr 3e-7 / 1e-5     1.0         0.003 / 0.1 0.365 / 0.365
+    noise, one step at lr 5e-5 / 1e-4     1.0         0.50 / 1.0  0.380 / 0.340
 
-CHANGE_FLOOR = 1e-6 is five orders above a 1e-12 job and an order below one honest step of
-Qwen3-1.7B at the bottom of its learning-rate grid (~1.7e-6 / rms 0.03 × Adam's ~0.3 ≈ 2e-5).
-EFFICIENCY_FLOOR = 1e-2 is two orders under an honest job and two over a vanishing-gradient one,
-and, being in units of lr, holds for any model and step count.
+EFFICIENCY_FLOOR = 1e-2 is two orders under an honest job and two over a vanishing-gradient
+one. GRID_STEP_FLOOR = 0.5: half of one step at the bottom of the grid, a quarter of what four
+honest steps there move. A step of noise at 0.1 (lr 1e-5) left the score as it was; near the
+floor a step of noise moved it by ±0.02 either way: the harbour left is a job that trains on
+noise at the floor, paid for validation with its quality at risk, a real step of the model.
 """
 
 from __future__ import annotations
@@ -44,23 +51,31 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-CHANGE_FLOOR = 1e-6
 EFFICIENCY_FLOOR = 1e-2
+GRID_STEP_FLOOR = 0.5
 
 
 @dataclass(frozen=True)
 class Change:
     change: float
     efficiency: float
+    grid_steps: float
 
     def moved(self) -> bool:
-        return moved(self.change, self.efficiency)
+        return moved(self.efficiency, self.grid_steps)
 
 
-def moved(change: float | None, efficiency: float | None) -> bool:
+def moved(efficiency: float | None, grid_steps: float | None) -> bool:
     """Both above their floors; a measure not taken (None) never counts as moved."""
-    return change is not None and efficiency is not None and change >= CHANGE_FLOOR \
-        and efficiency >= EFFICIENCY_FLOOR
+    return efficiency is not None and grid_steps is not None \
+        and efficiency >= EFFICIENCY_FLOOR and grid_steps >= GRID_STEP_FLOOR
+
+
+def lowest_lr(base_model: str, lora: bool) -> float:
+    """The bottom of the base model's learning-rate grid: what grid_steps counts steps of."""
+    from nestor.models.registry import learning_rate_grid
+
+    return learning_rate_grid(base_model, lora)[0]
 
 
 def decayed(lr: float, weight_decay: float, optimizer_steps: int) -> float:
@@ -88,6 +103,10 @@ def _efficiency(sq_delta: float, n_weights: int, lr: float, optimizer_steps: int
     if optimizer_steps < 1 or n_weights < 1 or lr <= 0:
         return 0.0
     return math.sqrt(sq_delta) / (lr * optimizer_steps * math.sqrt(n_weights))
+
+
+def _grid_steps(sq_delta: float, n_weights: int, lr_low: float) -> float:
+    return math.sqrt(sq_delta / n_weights) / lr_low if n_weights > 0 else 0.0
 
 
 def lora_change(model) -> float:
@@ -119,12 +138,14 @@ def trainer_change(trainer, base) -> Change:
         starts = [base_params[name] for name in trainer.param_names]
     sq_delta, sq_start, n = _norms(zip(trainer.master, starts, strict=True), shrink)
     eff = _efficiency(sq_delta, n, cfg.learning_rate, trainer.optimizer_steps)
+    steps = _grid_steps(sq_delta, n, lowest_lr(cfg.base_model, cfg.lora_rank > 0))
     if cfg.lora_rank > 0:
-        return Change(lora_change(trainer.model), eff)
-    return Change(math.sqrt(sq_delta / sq_start) if sq_start > 0 else 0.0, eff)
+        return Change(lora_change(trainer.model), eff, steps)
+    return Change(math.sqrt(sq_delta / sq_start) if sq_start > 0 else 0.0, eff, steps)
 
 
-def checkpoint_change(trained_dir, base_dir, lr: float, optimizer_steps: int) -> Change:
+def checkpoint_change(trained_dir, base_dir, lr: float, optimizer_steps: int,
+                      lr_low: float) -> Change:
     """The change between two HF safetensors model directories (every tensor both hold and
     that differ in any weight count as trained), for a backend whose trainer we do not run
     (prime-rl). Weight decay is not removed here: that optimizer's schedule is not ours."""
@@ -156,4 +177,4 @@ def checkpoint_change(trained_dir, base_dir, lr: float, optimizer_steps: int) ->
         if d > 0:  # a frozen tensor (LoRA's untouched layers) is not a trained weight
             sq_delta, n = sq_delta + d, n + k
     return Change(math.sqrt(sq_delta / sq_start) if sq_start > 0 else 0.0,
-                  _efficiency(sq_delta, n, lr, optimizer_steps))
+                  _efficiency(sq_delta, n, lr, optimizer_steps), _grid_steps(sq_delta, n, lr_low))

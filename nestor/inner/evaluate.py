@@ -166,6 +166,72 @@ def _write_cache(path: Path, result: EvalResult) -> None:
     tmp.replace(path)  # atomic: concurrent workers never read half a file
 
 
+# --- the keyed pre-score cache (the prime-rl backend) ---------------------------------------
+# A job's code on the prime-rl backend runs unsandboxed as the worker's user and can rewrite
+# any file of the cache above. Its pre-scores are kept apart, each entry with a MAC under a key
+# derived from the installation's secret; an entry whose MAC does not verify is recomputed.
+# This stops a job that rewrites cache files; not one that reads the secret's file, which the
+# worker's user can (docs/cluster.md, "Trust on a pod").
+
+_KEYED_DIR = "prescores-keyed"
+_KEYED_MEMO: dict[str, EvalResult] = {}  # this process's own results: never re-read from disk
+
+
+def _mac(name: str, payload: str) -> str:
+    import hmac
+
+    from nestor.tasks.secret import keyed_seed
+
+    key = keyed_seed("nestor pre-score cache key\0").encode()  # derived: never written
+    return hmac.new(key, f"{name}\0{payload}".encode(), hashlib.sha256).hexdigest()
+
+
+def _read_keyed(path: Path) -> EvalResult | None:
+    import hmac
+
+    try:
+        if path.stat().st_size > 65536:
+            return None
+        entry = json.loads(path.read_text())
+        payload = entry["result"]
+        if not hmac.compare_digest(str(entry["mac"]), _mac(path.stem, payload)):
+            return None
+        return EvalResult.model_validate_json(payload)
+    except (OSError, ValueError, KeyError, TypeError):  # absent, corrupt or forged: recompute
+        return None
+
+
+def _write_keyed(path: Path, result: EvalResult) -> None:
+    payload = result.model_dump_json()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"result": payload, "mac": _mac(path.stem, payload)}))
+    tmp.replace(path)
+
+
+def keyed_pre_score(model_name: str, task_id: str, *, difficulty: int = 0, n: int = DEFAULT_N,
+                    device: str = "cpu", registry: TaskRegistry | None = None) -> EvalResult:
+    """A base model's score as `evaluate(..., use_cache=False)` computes it (same device, same
+    dtype), remembered in this process and on disk in the keyed cache. Call it before any
+    untrusted code has run for the job it scores (the prime-rl backend does)."""
+    from nestor.models.registry import resolve_model_dir
+
+    registry = registry or _registry()
+    ref = registry.get(task_id)
+    model_dir = resolve_model_dir(model_name)
+    dtype = score_dtype(model_dir, device)
+    path = cache_path(model_name, model_dir, ref.id, difficulty, n, device, dtype)
+    name = path.stem
+    path = path.parent.parent / _KEYED_DIR / path.name
+    result = _KEYED_MEMO.get(name) or _read_keyed(path)
+    if result is None:
+        result = evaluate(model_name, [ref.id], difficulty=difficulty, n=n, use_cache=False,
+                          device=device, dtype=dtype, registry=registry)[0]
+        _write_keyed(path, result)
+    _KEYED_MEMO[name] = result
+    return result
+
+
 def evaluate(model_name_or_path: str, task_ids: list[str], *, difficulty: int = 0,
              n: int = DEFAULT_N, use_cache: bool = True, device: str = "cpu",
              dtype: str | None = None, registry: TaskRegistry | None = None,

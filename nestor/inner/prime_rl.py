@@ -6,18 +6,22 @@ launch `rl @ rl.toml`; follow its log for step lines (progress, rewards); when i
 newest HF safetensors weights it wrote (merging a LoRA adapter onto the base model with peft),
 and score them with the trusted hidden-eval scorer in this process.
 
-The trust wall on a pod: prime-rl imports the agent's taskset in its own processes, as it must;
-the hidden eval is generated and scored only here, after prime-rl has exited, from the weights as
-tensors. Install prime-rl in its own environment, without nestor, so the job cannot import the
-hidden generators (docs/cluster.md).
+The trust wall on a pod: prime-rl imports the agent's taskset in its own processes, as it must,
+unsandboxed, as the worker's user; so everything under its run directory and every line it logs
+is treated as written by an adversary. The base model's pre-score is taken before any of the
+job's code runs (the install included) and held in memory; the scored checkpoint is the base
+model's own config, tokenizer and chat template plus only the weights prime-rl wrote; the hidden
+eval is generated and scored only here, after prime-rl has exited. Install prime-rl in its own
+environment, without nestor, so the job cannot import the hidden generators; what remains
+open without a separate user is in docs/cluster.md ("Trust on a pod").
 """
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,15 +34,22 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from nestor.inner.prime_rl_checkpoint import (
+    file_ids,
+    latest_weights,
+    materialise_checkpoint,
+    trusted_files,
+)
 from nestor.inner.types import JobRequest, JobResult
 from nestor.job.export import INFER_MEMORY_FRACTION, launch_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # prime-rl's orchestrator and trainer both log "Step N | 1.23s | Reward 0.41 | ..." style lines.
-_STEP = re.compile(r"\bStep (\d+) \|")
+# The log is the job's to write: step numbers have at most 9 digits, values at most 64 chars.
+_STEP = re.compile(r"\bStep (\d{1,9}) \|")
 _FIELD = re.compile(r"\b(Reward|Loss|Entropy|Throughput) (-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
+MAX_LINE = 4096  # characters of a log line kept (the rest of a longer line is dropped)
+MAX_STEPS_KEPT = 100_000  # distinct steps a StepLog keeps metrics for
 
 
 class PrimeRLConfig(BaseModel):
@@ -62,24 +73,36 @@ class PrimeRLConfig(BaseModel):
         "vLLM that vLLM reserves (inference.vllm.gpu_memory_utilization).")
     eval_n: int = Field(200, ge=1, description="Hidden-eval items for the pre/post scores.")
     tail_lines: int = Field(40, ge=1, le=1000)
+    max_log_bytes: int = Field(64 * 2**20, ge=4096, description="rl.log is rotated to rl.log.1 "
+                               "past this size: at most twice it is kept on disk.")
 
 
 class StepLog:
-    """Progress parsed from prime-rl's log: the highest step seen and per-step metrics."""
+    """Progress parsed from prime-rl's log: the highest step seen and per-step metrics. The
+    log is the job's to write: steps past `max_step` (the job's max_steps), over-long numbers
+    and non-finite values are ignored, and a line is read up to MAX_LINE characters."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_step: int | None = None) -> None:
         self.step = 0
+        self.max_step = max_step
         self.by_step: dict[int, dict[str, float]] = {}
 
     def feed(self, line: str) -> bool:
-        """Parse one line; True when it advanced the step count."""
+        """Parse one line; True when it advanced the step count. Never raises."""
+        line = line[:MAX_LINE]
         m = _STEP.search(line)
         if not m:
             return False
         step = int(m.group(1))
+        if self.max_step is not None and step > self.max_step:
+            return False
+        if step not in self.by_step and len(self.by_step) >= MAX_STEPS_KEPT:
+            return False
         row = self.by_step.setdefault(step, {"step": step})
-        for name, value in _FIELD.findall(line):
-            row[name.lower()] = float(value)
+        for name, text in _FIELD.findall(line):
+            value = float(text) if len(text) <= 64 else math.inf
+            if math.isfinite(value):  # inf/nan would make --json output non-standard
+                row[name.lower()] = value
         advanced = step > self.step
         self.step = max(self.step, step)
         return advanced
@@ -123,65 +146,6 @@ def visible_gpus(env: dict[str, str]) -> int:
         return 1
 
 
-def latest_weights(output_dir: Path) -> Path | None:
-    """The newest `step_N` directory under `output_dir` holding safetensors (its own or in a
-    `weight/` subdir, prime-rl's checkpoint layout); complete ones (a STABLE marker) first."""
-    found = []
-    for d in output_dir.rglob("step_*"):
-        m = re.fullmatch(r"step_(\d+)", d.name)
-        if not m or not d.is_dir():
-            continue
-        for w in (d, d / "weight"):
-            if w.is_dir() and any(w.glob("*.safetensors")):
-                stable = (d / "STABLE").exists() or (w / "STABLE").exists()
-                found.append((stable, int(m.group(1)), str(w)))
-    return Path(max(found)[2]) if found else None
-
-
-def materialise_checkpoint(weights: Path, base_dir: Path, out: Path) -> Path:
-    """A self-contained HF model dir at `out`: full weights plus the base tokenizer. A LoRA
-    adapter on a float32 base is merged; on a bf16/fp16 base (Qwen3) it stays unmerged beside
-    the base weights (merging into bf16 rounds part of the update away), and load_model applies
-    it (nestor/models/registry.UNMERGED), so the model scored is the one prime-rl trained."""
-    from nestor.models.registry import ADAPTER_DIR, UNMERGED, checkpoint_dtype
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / UNMERGED).unlink(missing_ok=True)
-    adapter = (weights / "adapter_config.json").is_file()
-    if adapter and checkpoint_dtype(base_dir) in ("bfloat16", "float16"):
-        for f in base_dir.iterdir():
-            if f.is_file() and (f.suffix == ".safetensors" or f.name.endswith(".json")):
-                _link_or_copy(f, out / f.name)
-        (out / ADAPTER_DIR).mkdir(exist_ok=True)
-        for f in weights.iterdir():
-            if f.is_file() and f.name != "STABLE":
-                _link_or_copy(f, out / ADAPTER_DIR / f.name)
-        (out / UNMERGED).write_text(f"apply {ADAPTER_DIR}/ to these base weights\n")
-    elif adapter:
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
-
-        base = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True)
-        merged = PeftModel.from_pretrained(base, weights).merge_and_unload()
-        merged.save_pretrained(out, safe_serialization=True)
-    else:
-        for f in weights.iterdir():
-            if f.is_file() and f.name != "STABLE":
-                _link_or_copy(f, out / f.name)
-    for name in TOKENIZER_FILES:
-        if (base_dir / name).is_file() and not (out / name).exists():
-            shutil.copy2(base_dir / name, out / name)
-    return out
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 Scorer = Callable[[str, str, int, int], float]  # (model name or dir, task id, difficulty, n)
 
 
@@ -200,30 +164,78 @@ def trusted_score(model: str, task_id: str, difficulty: int, n: int) -> float:
 
 
 def trusted_pre_score(model: str, task_id: str, difficulty: int, n: int) -> float:
-    """The base model's hidden-eval accuracy, cached on disk by (model, weights, task, n)."""
-    from nestor.inner.evaluate import evaluate
+    """The base model's hidden-eval accuracy as `trusted_score` computes it (same device and
+    dtype), remembered in this process and in the keyed disk cache (evaluate.keyed_pre_score:
+    entries carry a MAC, so one a job rewrote is recomputed). run_prime_rl calls it before any
+    of the job's code runs, and frees the GPU memory it used before prime-rl starts."""
+    import gc
 
-    return evaluate(model, [task_id], difficulty=difficulty, n=n, use_cache=True,
-                    device=_eval_device())[0].accuracy
+    from nestor.inner.evaluate import keyed_pre_score
+
+    device = _eval_device()
+    try:
+        return keyed_pre_score(model, task_id, difficulty=difficulty, n=n,
+                               device=device).accuracy
+    finally:
+        gc.collect()
+        if device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()  # vLLM sizes itself by the GPU memory it finds free
 
 
 class _Proc:
-    """A child in its own process group whose merged output is read by a thread."""
+    """A child in its own process group whose merged output is read by a thread: lines cut at
+    MAX_LINE characters, at most 10,000 waiting, the log file rotated past `max_log_bytes`
+    (rl.log → rl.log.1), so a job that floods its output costs bounded memory and disk."""
 
-    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path):
-        self.lines: queue.Queue[str | None] = queue.Queue()
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
+                 max_log_bytes: int = 64 * 2**20):
+        self.lines: queue.Queue[str | None] = queue.Queue(maxsize=10_000)
+        self.log_path, self.max_log_bytes = log_path, max_log_bytes
         self.log = log_path.open("a", encoding="utf-8")
+        self.log_size = self.log.tell()
+        self.closed = threading.Event()
+        self._log_lock = threading.Lock()
         self.p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                   errors="replace", bufsize=1, start_new_session=True)
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
-        for line in self.p.stdout:
-            self.log.write(line)
-            self.log.flush()
-            self.lines.put(_ANSI.sub("", line.rstrip("\n")))
-        self.lines.put(None)
+        out = self.p.stdout
+        while line := out.readline(MAX_LINE):
+            if len(line) >= MAX_LINE and not line.endswith("\n"):
+                rest = line  # an over-long line: the rest of it is read and dropped
+                while rest and not rest.endswith("\n"):
+                    rest = out.readline(MAX_LINE)
+                line += " [line cut]\n"
+            self._write(line)
+            self._put(_ANSI.sub("", line.rstrip("\n")))
+        self._put(None)
+
+    def _write(self, line: str) -> None:
+        with self._log_lock:
+            if not self.closed.is_set():
+                self._write_locked(line)
+
+    def _write_locked(self, line: str) -> None:
+        if self.log_size + len(line) > self.max_log_bytes:
+            self.log.close()
+            os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
+            self.log = self.log_path.open("w", encoding="utf-8")
+            self.log_size = 0
+        self.log.write(line)
+        self.log.flush()
+        self.log_size += len(line.encode("utf-8", "replace"))
+
+    def _put(self, item: str | None) -> None:
+        while not self.closed.is_set():
+            try:
+                self.lines.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
 
     def kill(self) -> None:
         if self.p.poll() is None:
@@ -232,21 +244,28 @@ class _Proc:
             except ProcessLookupError:
                 pass
         self.p.wait()
-        self.log.close()
+        with self._log_lock:
+            self.closed.set()
+            self.log.close()
 
 
 def _run_install(argv: list[str], cwd: Path, env: dict, timeout: float, log: Path) -> str | None:
-    """None on success, else an error line with the installer's last output."""
+    """None on success, else an error line with the installer's last output (it runs the job
+    package's build hooks: its output goes to `log`, and only its last 64 KiB is read back)."""
     try:
-        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                              errors="replace", timeout=timeout, start_new_session=True)
+        with log.open("wb") as fh:
+            done = subprocess.run(argv, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=timeout,
+                                  start_new_session=True)
     except FileNotFoundError:
         return f"installer not found: {argv[0]!r} (set install_command)"
     except subprocess.TimeoutExpired:
         return f"installing the taskset package took over {timeout:.0f}s"
-    log.write_text(done.stdout + done.stderr, encoding="utf-8")
     if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        with log.open("rb") as fh:
+            fh.seek(max(0, log.stat().st_size - 65536))
+            text = fh.read().decode("utf-8", "replace")
+        tail = "\n".join(line[:MAX_LINE] for line in text.strip().splitlines()[-15:])
         return f"installing the taskset package failed (exit {done.returncode}):\n{tail}"
     return None
 
@@ -275,10 +294,12 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
         return result("invalid", log_tail=str(exc))
     if err := job.budget_error(request.token_budget):
         return result("invalid", log_tail=err, base_model=job.base_model)
-    try:
+    try:  # on the worker before the job runs: a copy prime-rl fetched would be the job's
         base_dir = resolve_model_dir(job.base_model)
-    except ModelNotFoundError:
-        base_dir = None  # prime-rl fetches it by HF id; post-scoring then needs it too
+    except ModelNotFoundError as exc:
+        return result("failed", log_tail=f"the base model is not on this worker ({exc}); the "
+                      "prime-rl backend scores it before the job's code runs",
+                      base_model=job.base_model)
     # The job's code runs under prime-rl: it gets no API keys of this process, nor the hidden
     # eval's secret (nestor.tasks.secret; its file is another matter: docs/sandbox.md).
     env = {**{k: v for k, v in os.environ.items()
@@ -286,7 +307,7 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
            **config.env}
     gpus = config.gpus or visible_gpus(env)
     try:
-        rl = render_config(job_dir, work / "outputs", str(base_dir) if base_dir else None,
+        rl = render_config(job_dir, work / "outputs", str(base_dir),
                            gpus=gpus, inference_memory=config.inference_memory_fraction)
     except Exception as exc:  # the export reads agent-written files: any problem is the job's
         return result("invalid", log_tail=f"export to rl.toml failed: {exc}",
@@ -297,18 +318,30 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
     rl_toml.write_text(tomli_w.dumps(rl), encoding="utf-8")
     env.update(launch_env(gpus, env.get("CUDA_VISIBLE_DEVICES")))
 
+    # Before any of the job's code runs (its package's build hooks included): the pre-score,
+    # held in memory for this job, and the base model's config/tokenizer files and file
+    # identities. Nothing prime-rl's processes could have rewritten is read for scoring later.
+    try:
+        pre = pre_score(job.base_model, request.task_id, request.difficulty, config.eval_n)
+        trusted = trusted_files(base_dir)
+        base_files = file_ids(base_dir)
+    except Exception as exc:
+        return result("failed", log_tail=f"pre-scoring the base model failed: "
+                      f"{type(exc).__name__}: {exc}", base_model=job.base_model)
+
     argv = [a.replace("{env_dir}", str(job_dir / "env")) for a in config.install_command]
     if err := _run_install(argv, work, env, config.install_timeout_s, work / "install.log"):
         return result("failed", log_tail=err, base_model=job.base_model)
 
-    log = StepLog()
+    log = StepLog(max_step=job.max_steps)
     tail: deque[str] = deque(maxlen=config.tail_lines)
     proc = None
     status, why = "ok", ""
     t_train = time.monotonic()
     try:
         try:
-            proc = _Proc([*config.command, "@", str(rl_toml)], work, env, work / "rl.log")
+            proc = _Proc([*config.command, "@", str(rl_toml)], work, env, work / "rl.log",
+                         config.max_log_bytes)
         except FileNotFoundError:
             return result("failed", log_tail=f"prime-rl launcher not found: "
                           f"{config.command[0]!r} (install prime-rl or set command)",
@@ -347,20 +380,23 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
     if status != "ok":
         return result(status, log_tail="\n".join([*tail, why]), **common)
 
-    weights = latest_weights(work / "outputs")
+    if file_ids(base_dir) != base_files:
+        return result("failed", log_tail="\n".join([*tail, f"the base model's files in "
+                      f"{base_dir} changed while the job ran"]), **common)
+    weights = latest_weights(work / "outputs", max_steps=job.max_steps)
     if weights is None:
         return result("failed", log_tail="\n".join([*tail, "prime-rl exited 0 but wrote no "
                       f"safetensors weights under {work / 'outputs'}"]), **common)
     try:
-        base_dir = base_dir or resolve_model_dir(job.base_model)
-        ckpt = materialise_checkpoint(weights, base_dir, work / "checkpoint")
+        ckpt = materialise_checkpoint(weights, base_dir, work / "checkpoint", trusted)
         # `ok` alone is not training: the reward reads the change measured here, on the
         # weights prime-rl wrote against the base (inner/change.py; one optimizer step a step)
-        from nestor.inner.change import checkpoint_change
+        from nestor.inner.change import checkpoint_change, lowest_lr
 
-        change = checkpoint_change(ckpt, base_dir, job.learning_rate, log.step)
-        common.update(weight_change=change.change, step_efficiency=change.efficiency)
-        pre = pre_score(job.base_model, request.task_id, request.difficulty, config.eval_n)
+        change = checkpoint_change(ckpt, base_dir, job.learning_rate, log.step,
+                                   lowest_lr(job.base_model, job.lora_rank > 0))
+        common.update(weight_change=change.change, step_efficiency=change.efficiency,
+                      grid_steps=change.grid_steps)
         post = score(str(ckpt), request.task_id, request.difficulty, config.eval_n)
     except Exception as exc:  # unreadable weights are the job's failure, not the harness's
         return result("failed", log_tail="\n".join([*tail, f"scoring the weights failed: "
@@ -390,7 +426,7 @@ def run_job(request: JobRequest, *, warm=None, config: PrimeRLConfig | None = No
         config = config or load_prime_rl_config()
     except Exception as exc:  # a bad [prime_rl] table fails the job with the reason
         return JobResult(status="failed", log_tail=f"nestor.toml [prime_rl]: {exc}")
-    if warm is not None and hasattr(warm, "pre_score"):  # a warm worker caches pre-scores
-        return run_prime_rl(request, config,
-                            pre_score=lambda model, task, diff, n: warm.pre_score(model, task, diff))
+    # Not a warm worker's pre-score: its disk cache is the one a job can rewrite, and its model
+    # may sit on another device or dtype than trusted_score's (trusted_pre_score remembers
+    # its scores in this process instead).
     return run_prime_rl(request, config)

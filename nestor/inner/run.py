@@ -215,6 +215,14 @@ def _run_job(request: JobRequest, warm: WarmState | None,
         with JobTaskSource(job_dir, warm=True) as source:
             prompts = source.prompts()
             log(f"reward server up: {len(prompts)} tasks")
+            from nestor.job.report import CheckLog
+            from nestor.job.validate import check_context, check_tasks
+
+            rows = CheckLog()  # the probe's row checks again: load() may yield other rows now
+            if not (check_tasks(source.load(), source, rows)
+                    and check_context(source.load(), config, tokenizer, rows)):
+                failed = rows.checks[-1]
+                return done("invalid", log_tail=f"{failed.name}: {failed.message}")
             # sized here, by this worker's device, dtype and memory (job/memory.py)
             target = worker_target(weight.device, weight.dtype, request.memory_cap_mb)
             if (err := memory_check(config, prompts, tokenizer, target.cap_mb,
@@ -243,9 +251,11 @@ def _run_job(request: JobRequest, warm: WarmState | None,
         from nestor.inner.change import trainer_change
 
         change = trainer_change(trainer, base)
-        result.update(weight_change=change.change, step_efficiency=change.efficiency)
+        result.update(weight_change=change.change, step_efficiency=change.efficiency,
+                      grid_steps=change.grid_steps)
         log(f"weights moved {change.change:.2e} (||Δθ||/||θ||), {change.efficiency:.2e} lr "
-            f"per step per weight: {'trained' if change.moved() else 'did not train'}")
+            f"per step per weight, {change.grid_steps:.2g} steps at the bottom of the model's "
+            f"learning-rate grid: {'trained' if change.moved() else 'did not train'}")
         result.update(steps=len(history), train_s=train_s, metrics=history,
                       reward_curve=[round(m["reward_mean"], 4) for m in history])
         timed_out = time.monotonic() > deadline

@@ -51,9 +51,13 @@ class JobResult(BaseModel):
     weight_change: float | None = Field(None, description="||Δθ||/||θ|| of the trained weights "
                                         "against the base, weight decay's own shrink removed, "
                                         "measured by the trusted side (inner/change.py); None "
-                                        "when it was not measured. The reward pays validation "
-                                        "and speed only above CHANGE_FLOOR.")
+                                        "when it was not measured. Recorded, not gated.")
     step_efficiency: float | None = Field(None, description="||Δθ|| / (lr · optimizer steps "
                                           "· sqrt(weights trained)): a weight's mean step in "
                                           "units of the learning rate (inner/change.py); "
                                           "None when it was not measured.")
+    grid_steps: float | None = Field(None, description="||Δθ|| / sqrt(weights trained) / the "
+                                     "bottom of the base model's learning-rate grid: how many "
+                                     "AdamW steps there the weights moved (inner/change.py). "
+                                     "The reward pays validation and speed only when it and "
+                                     "step_efficiency clear their floors.")

@@ -11,7 +11,7 @@ from nestor.agent.reward import (
 )
 from nestor.inner.types import JobResult
 
-MOVED = {"weight_change": 1e-2, "step_efficiency": 0.5}  # an honest job's (inner/change.py)
+MOVED = {"weight_change": 1e-2, "step_efficiency": 0.5, "grid_steps": 6.4}  # an honest job's
 
 
 def ok(pre=0.1, post=0.3, wall=30.0, steps=3, groups=(2, 1, 2), change=MOVED):
@@ -80,9 +80,10 @@ def test_trained_needs_steps_a_group_with_variance_and_measured_change():
 
 
 @pytest.mark.parametrize("change", [
-    {"weight_change": 1.3e-12, "step_efficiency": 0.019},  # learning_rate = 1e-12
-    {"weight_change": 7.0e-7, "step_efficiency": 3.4e-5},  # grad_clip = 1e-9
-    {"weight_change": 2.1e-5, "step_efficiency": 1.7e-4},  # LoRA, grad_clip = 1e-9
+    {"weight_change": 1.3e-12, "step_efficiency": 0.019, "grid_steps": 6e-10},  # lr = 1e-12
+    {"weight_change": 7.0e-7, "step_efficiency": 3.4e-5, "grid_steps": 3e-4},  # grad_clip = 1e-9
+    {"weight_change": 2.1e-5, "step_efficiency": 1.7e-4, "grid_steps": 1e-3},  # LoRA, the same
+    {"weight_change": 5.1e-6, "step_efficiency": 1.0, "grid_steps": 3e-3},  # one step at 3e-7
     {}])  # a backend that measured nothing
 def test_a_job_that_ran_but_did_not_move_the_model_earns_only_its_uplift(change):
     """Measured figures of tiny-m jobs that ran every step on groups with variance."""

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from nestor.inner.change import CHANGE_FLOOR, checkpoint_change, moved, trainer_change
+from nestor.inner.change import GRID_STEP_FLOOR, checkpoint_change, moved, trainer_change
 from nestor.inner.grpo import GRPOTrainer
 from nestor.job.config import JobConfig
 from nestor.models.registry import load_model, resolve_model_dir
@@ -48,7 +48,9 @@ def test_an_honest_job_moves_its_weights(overrides):
     {"learning_rate": 1e-12},
     {"grad_clip": 1e-9},
     {"grad_clip": 1e-9, "learning_rate": 1e-2, "weight_decay": 0.5},  # decay is not learning
-    {"lora_rank": 4, "learning_rate": 3e-3, "grad_clip": 1e-9}])
+    {"lora_rank": 4, "learning_rate": 3e-3, "grad_clip": 1e-9},
+    {"learning_rate": 1e-6},  # 1% of tiny-s's lowest grid rate: every step real, and tiny
+    {"lora_rank": 4, "learning_rate": 1e-5}])
 def test_a_job_that_runs_every_step_but_changes_nothing_is_not_moved(overrides):
     change = train(**overrides)
     assert not change.moved(), change
@@ -63,7 +65,7 @@ def test_an_unchanged_checkpoint_is_not_training(tmp_path):
     same = tmp_path / "same"
     same.mkdir()
     shutil.copy(base / "model.safetensors", same)
-    change = checkpoint_change(same, base, lr=3e-4, optimizer_steps=5)
+    change = checkpoint_change(same, base, lr=3e-4, optimizer_steps=5, lr_low=1e-4)
     assert change.change == 0.0 and not change.moved()
 
     tensors = load_file(base / "model.safetensors")
@@ -73,13 +75,15 @@ def test_an_unchanged_checkpoint_is_not_training(tmp_path):
     moved_dir = tmp_path / "moved"
     moved_dir.mkdir()
     save_file(stepped, moved_dir / "model.safetensors")
-    change = checkpoint_change(moved_dir, base, lr=3e-4, optimizer_steps=1)
+    change = checkpoint_change(moved_dir, base, lr=3e-4, optimizer_steps=1, lr_low=1e-4)
     assert change.moved() and change.efficiency == pytest.approx(1.0, rel=1e-3)
-    assert change.change > CHANGE_FLOOR
+    assert change.grid_steps == pytest.approx(3.0, rel=1e-3)  # one step of 3e-4 in 1e-4s
+    # the same move counted against a model whose grid starts at 1e-3 is under the floor
+    assert not checkpoint_change(moved_dir, base, lr=3e-4, optimizer_steps=1, lr_low=1e-3).moved()
 
 
 def test_no_measure_is_no_change():
     assert not moved(None, None) and not moved(1.0, None) and not moved(None, 1.0)
-    assert not moved(CHANGE_FLOOR / 2, 1.0) and moved(CHANGE_FLOOR * 2, 1.0)
+    assert not moved(1.0, GRID_STEP_FLOOR / 2) and moved(1.0, GRID_STEP_FLOOR * 2)
 
 

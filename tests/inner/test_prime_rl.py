@@ -15,14 +15,8 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from nestor.inner.prime_rl import (
-    PrimeRLConfig,
-    StepLog,
-    latest_weights,
-    materialise_checkpoint,
-    render_config,
-    run_prime_rl,
-)
+from nestor.inner.prime_rl import PrimeRLConfig, StepLog, render_config, run_prime_rl
+from nestor.inner.prime_rl_checkpoint import latest_weights, materialise_checkpoint
 from nestor.inner.types import JobRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -301,3 +295,176 @@ def test_the_launcher_gets_the_workers_gpus(job, tmp_path, monkeypatch, visible,
     rl = tomllib.loads((tmp_path / "out" / "rl.toml").read_text())
     assert rl["deployment"]["num_train_gpus"] == train_gpus
     assert ("gpu_memory_utilization" in rl["inference"]["vllm"]) == shared
+
+
+# --- a hostile job: prime-rl runs the job's code unsandboxed, as the worker's user -----------
+
+# What the job's code can do while prime-rl runs: log hostile step lines, rewrite every cached
+# score it finds (poison.py of the red-team), and write weights with its own chat template,
+# config and tokenizer beside them (and into the checkpoint folder nestor is about to fill).
+HOSTILE_JOB = r"""
+import json, os, shutil, sys
+from pathlib import Path
+base, out, work = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+for f in Path(os.environ["NESTOR_CACHE"]).rglob("*.json"):
+    d = json.loads(f.read_text())
+    poison = dict(accuracy=0.123, ci95=[0.0, 0.5])
+    if "accuracy" in d:
+        d.update(poison)
+    elif isinstance(d.get("result"), str):  # an entry nested as text: rewritten the same way
+        d["result"] = json.dumps({**json.loads(d["result"]), **poison})
+    f.write_text(json.dumps(d))
+for step in range(1, 6):
+    print(f"Step {step} | 0.1s | Reward 0.5 | Error 0.0%", flush=True)
+for step in (5, 999999):
+    w = out / "nestor" / "broadcasts" / f"step_{step}"
+    w.mkdir(parents=True)
+    shutil.copy(base / "model.safetensors", w)
+    (w / "STABLE").touch()
+    (w / "chat_template.jinja").write_text("JOB TEMPLATE {{ messages }}")
+    cfg = json.loads((base / "config.json").read_text())
+    (w / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "float16"}))
+(work / "checkpoint").mkdir()
+(work / "checkpoint" / "special_tokens_map.json").write_text("{}")
+"""
+
+
+@pytest.mark.slow
+def test_a_hostile_job_neither_poisons_the_pre_score_nor_supplies_the_template(job, tmp_path,
+                                                                              monkeypatch):
+    """The pre-score is taken before any job code runs and held in memory; the scored
+    checkpoint holds the base's own template/config/tokenizer and the weights of a step the
+    job may have reached (step_999999 is planted)."""
+    from nestor.inner import evaluate
+    from nestor.inner.prime_rl import trusted_pre_score
+    from nestor.models.registry import resolve_model_dir
+
+    monkeypatch.setenv("NESTOR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NESTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(evaluate, "_KEYED_MEMO", {}, raising=False)
+    base = resolve_model_dir("tiny-s")
+    honest = trusted_pre_score("tiny-s", "reverse", 0, 20)  # cached, as by an earlier job
+    assert honest != 0.123
+    work = tmp_path / "out"
+    cfg = fake_config(tmp_path)
+    cfg.command = [sys.executable, "-c", HOSTILE_JOB, str(base), str(work / "outputs"),
+                   str(work), "--"]
+    scored = []
+
+    def score(model, task_id, difficulty, n):
+        scored.append({p.name: p.read_bytes() for p in Path(model).iterdir()
+                       if p.suffix != ".safetensors"})
+        return 0.5
+
+    res = run_prime_rl(request(job, tmp_path), cfg, score=score)
+    assert res.status == "ok", res.log_tail
+    assert any(p.read_text().count("0.123") for p in (tmp_path / "cache").rglob("*.json"))
+    assert res.pre_score == honest and res.improvement == pytest.approx(0.5 - honest)
+    [files] = scored
+    assert set(files) == {"config.json", "tokenizer.json", "tokenizer_config.json",
+                          "chat_template.jinja"}
+    assert all(data == (base / name).read_bytes() for name, data in files.items())
+
+    # A later job on this worker: the poisoned entry on disk is refused, not read.
+    monkeypatch.setattr(evaluate, "_KEYED_MEMO", {}, raising=False)
+    assert trusted_pre_score("tiny-s", "reverse", 0, 20) == honest
+
+
+def test_a_planted_template_config_or_tokenizer_is_not_what_gets_scored(tmp_path):
+    from nestor.inner.evaluate import score_dtype
+    from nestor.models.registry import checkpoint_dtype, resolve_model_dir
+
+    base = resolve_model_dir("tiny-s")
+    step = tmp_path / "outputs" / "nestor" / "broadcasts" / "step_2"
+    step.mkdir(parents=True)
+    shutil.copy(base / "model.safetensors", step)
+    (step / "STABLE").touch()
+    planted = {"chat_template.jinja": "{{ 'few-shot answers' }}{{ messages }}",
+               "config.json": '{"model_type": "llama", "torch_dtype": "float16"}',
+               "tokenizer_config.json": '{"chat_template": "evil"}',
+               "tokenizer.json": "{}", "special_tokens_map.json": "{}",
+               "generation_config.json": '{"temperature": 0.0}',
+               "modeling_evil.py": "import os", "pytorch_model.bin": "pickle"}
+    for name, text in planted.items():
+        (step / name).write_text(text)
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "added_tokens.json").write_text("{}")  # planted where the checkpoint goes
+    ckpt = materialise_checkpoint(latest_weights(tmp_path / "outputs"), base, out)
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(
+        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+         "chat_template.jinja"])
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (ckpt / name).read_bytes() == (base / name).read_bytes(), name
+    assert score_dtype(ckpt, "cuda") == checkpoint_dtype(base) == "float32"
+
+
+def test_a_planted_step_beyond_max_steps_is_not_scored(tmp_path):
+    from nestor.models.registry import resolve_model_dir
+
+    base = resolve_model_dir("tiny-s")
+    for step in (5, 999999):
+        w = tmp_path / "outputs" / "nestor" / "broadcasts" / f"step_{step}"
+        w.mkdir(parents=True)
+        shutil.copy(base / "model.safetensors", w)
+        (w / "STABLE").touch()
+    assert latest_weights(tmp_path / "outputs", max_steps=5).name == "step_5"
+    assert latest_weights(tmp_path / "outputs", max_steps=4) is None
+
+
+def test_an_adapter_brings_only_its_weights_and_a_checked_config(tmp_path):
+    import json
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from nestor.models.registry import load_model
+
+    model, tok = load_model("tiny-s", dtype=torch.bfloat16)
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    step = tmp_path / "outputs" / "nestor" / "broadcasts" / "step_3"
+    get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+                   ).save_pretrained(step)
+    (step / "chat_template.jinja").write_text("JOB TEMPLATE")
+    (step / "adapter_model.bin").write_text("a pickle")
+    ckpt = materialise_checkpoint(step, base, tmp_path / "ckpt")
+    assert sorted(p.name for p in (ckpt / "adapter").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors"]
+    assert (ckpt / "chat_template.jinja").read_bytes() == (base / "chat_template.jinja"
+                                                           ).read_bytes()
+    cfg = json.loads((step / "adapter_config.json").read_text())
+    (step / "adapter_config.json").write_text(json.dumps({**cfg, "layer_replication": [[0, 2]]}))
+    with pytest.raises(ValueError, match="layer_replication"):
+        materialise_checkpoint(step, base, tmp_path / "ckpt")
+
+
+def test_step_log_survives_hostile_lines():
+    import json
+
+    log = StepLog()
+    assert not log.feed("Step " + "9" * 5000 + " | Reward 0.5")  # int() of it would raise
+    assert log.feed("Step 1 | 0.1s | Reward 1e999 | Loss nan | Entropy 0.5000")
+    assert log.feed("Step 2 | Reward -" + "9" * 400 + " | Loss 0.1")
+    assert log.feed("Step 3 | Reward 0.25 | " + "x" * 2_000_000)
+    assert log.rewards() == [0.25]
+    assert log.metrics()[:2] == [{"step": 1, "entropy": 0.5}, {"step": 2, "loss": 0.1}]
+    json.dumps(log.metrics(), allow_nan=False)  # --json stays standard JSON
+    capped = StepLog(max_step=10)  # the job's max_steps: prime-rl runs no step past it
+    assert not capped.feed("Step 11 | Reward 0.5") and capped.feed("Step 10 | Reward 0.5")
+
+
+def test_huge_log_lines_and_a_huge_log_are_bounded(job, tmp_path):
+    cfg = fake_config(tmp_path, max_log_bytes=200_000)
+    cfg.command = [sys.executable, "-c", "import sys\n"
+                   "for i in range(40000): print('noise line', i)\n"
+                   "sys.stdout.write('Step 1 | Reward 0.5 ' + 'x' * 3_000_000 + '\\n')\n"
+                   "print('Step 2 | Reward 0.75 |'); sys.stdout.flush(); sys.exit(3)", "--"]
+    res = run_prime_rl(request(job, tmp_path), cfg)
+    assert res.status == "failed" and "exited with code 3" in res.log_tail
+    assert res.reward_curve == [0.5, 0.75]
+    assert max(len(line) for line in res.log_tail.splitlines()) <= 5000
+    logs = list((tmp_path / "out").glob("rl.log*"))
+    assert sum(p.stat().st_size for p in logs) <= 2 * 200_000 + 10_000
+    assert "Step 2" in (tmp_path / "out" / "rl.log").read_text()  # the newest part is kept

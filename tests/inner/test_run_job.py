@@ -251,3 +251,14 @@ def test_a_job_whose_data_is_the_hidden_eval_is_refused_before_training(tmp_path
     assert result.status == "invalid" and "hidden eval" in result.log_tail, result.log_tail
     assert result.steps == 0 and result.post_score is None and result.checkpoint is None
     assert not any(it.prompt in result.log_tail for it in items)
+
+
+def test_rows_the_probe_would_refuse_are_refused_in_training(tmp_path, warm):
+    """load() runs again in training and may yield other rows than the probe saw: the probe's
+    row checks run on them too."""
+    job = make_job(tmp_path)
+    data = job / "data" / "train.jsonl"
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:10]))
+    result = run_job(request(job), warm=warm)
+    assert result.status == "invalid" and "yielded 10 tasks" in result.log_tail, result.log_tail
+    assert result.steps == 0 and result.post_score is None
