@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from nestor.inner.prime_rl import PrimeRLConfig, StepLog, render_config, run_prime_rl
+from nestor.inner.prime_rl import PrimeRLConfig, render_config, run_prime_rl
 from nestor.inner.prime_rl_checkpoint import latest_weights, materialise_checkpoint
+from nestor.inner.prime_rl_log import StepLog
 from nestor.inner.types import JobRequest
 
 ROOT = Path(__file__).resolve().parents[2]
