@@ -259,7 +259,7 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
         from nestor.inner.change import checkpoint_change, lowest_lr
 
         change = checkpoint_change(ckpt, base_dir, job.learning_rate, log.step,
-                                   lowest_lr(job.base_model, job.lora_rank > 0))
+                                   lowest_lr(job.base_model))
         common.update(weight_change=change.change, step_efficiency=change.efficiency,
                       grid_steps=change.grid_steps)
         post = score(str(ckpt), request.task_id, request.difficulty, config.eval_n)

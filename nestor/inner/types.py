@@ -56,8 +56,9 @@ class JobResult(BaseModel):
                                           "· sqrt(weights trained)): a weight's mean step in "
                                           "units of the learning rate (inner/change.py); "
                                           "None when it was not measured.")
-    grid_steps: float | None = Field(None, description="||Δθ|| / sqrt(weights trained) / the "
+    grid_steps: float | None = Field(None, description="The rms change of the weights the "
+                                     "model computes with (LoRA: the merged delta) over the "
                                      "bottom of the base model's learning-rate grid: how many "
-                                     "AdamW steps there the weights moved (inner/change.py). "
+                                     "AdamW steps there they moved (inner/change.py). "
                                      "The reward pays validation and speed only when it and "
                                      "step_efficiency clear their floors.")

@@ -22,6 +22,11 @@ def reward(_tasks: list[int], texts: list[str]) -> list[float]:
 
 
 def train(**overrides):
+    return train_with(**overrides)[1]
+
+
+def train_with(**overrides):
+    """(trainer, its Change) for a 2-step tiny-s job."""
     torch.manual_seed(0)
     base, tokenizer = load_model("tiny-s")
     base.eval().requires_grad_(False)
@@ -33,7 +38,7 @@ def train(**overrides):
     trainer = GRPOTrainer(model, tokenizer, PROMPTS, reward, cfg, ref_model=base)
     history = trainer.train()
     assert sum(m["groups_trained"] for m in history) > 0  # every job below ran real updates
-    return trainer_change(trainer, base)
+    return trainer, trainer_change(trainer, base)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"learning_rate": 1e-4},
@@ -50,7 +55,10 @@ def test_an_honest_job_moves_its_weights(overrides):
     {"grad_clip": 1e-9, "learning_rate": 1e-2, "weight_decay": 0.5},  # decay is not learning
     {"lora_rank": 4, "learning_rate": 3e-3, "grad_clip": 1e-9},
     {"learning_rate": 1e-6},  # 1% of tiny-s's lowest grid rate: every step real, and tiny
-    {"lora_rank": 4, "learning_rate": 1e-5}])
+    {"lora_rank": 4, "learning_rate": 1e-5},
+    # A and B move at 3× the bottom of LoRA's grid, but α/r = 1/64 keeps B·A·α/r, the change
+    # of the weights the model computes with, a third of a step at the bottom of tiny-s's grid
+    {"lora_rank": 64, "lora_alpha": 1, "learning_rate": 3e-3}])
 def test_a_job_that_runs_every_step_but_changes_nothing_is_not_moved(overrides):
     change = train(**overrides)
     assert not change.moved(), change
@@ -80,6 +88,24 @@ def test_an_unchanged_checkpoint_is_not_training(tmp_path):
     assert change.grid_steps == pytest.approx(3.0, rel=1e-3)  # one step of 3e-4 in 1e-4s
     # the same move counted against a model whose grid starts at 1e-3 is under the floor
     assert not checkpoint_change(moved_dir, base, lr=3e-4, optimizer_steps=1, lr_low=1e-3).moved()
+
+
+def test_an_adapter_kept_beside_the_base_weights_is_measured_as_applied(tmp_path):
+    """prime-rl's checkpoint of a LoRA job on a bf16 base keeps the adapter unmerged
+    (prime_rl_checkpoint.py): its change is the adapter's merged delta, as trainer_change
+    measures it, not the untouched base weights beside it."""
+    from nestor.models.registry import ADAPTER_DIR, UNMERGED
+
+    trainer, measured = train_with(lora_rank=4, learning_rate=3e-3)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(resolve_model_dir("tiny-s"), ckpt)
+    trainer.model.save_pretrained(ckpt / ADAPTER_DIR)
+    (ckpt / UNMERGED).write_text("apply the adapter\n")
+    change = checkpoint_change(ckpt, resolve_model_dir("tiny-s"), lr=3e-3, optimizer_steps=2,
+                               lr_low=1e-4)
+    assert change.moved()
+    assert change.grid_steps == pytest.approx(measured.grid_steps, rel=1e-3)
+    assert change.change == pytest.approx(measured.change, rel=1e-3)
 
 
 def test_no_measure_is_no_change():
