@@ -12,7 +12,6 @@ job result, reward and policy version. Structured payloads are JSON text columns
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import threading
 import time
@@ -20,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from nestor.text import no_surrogates
 
 SCHEMA_VERSION = 1
 LEDGER_FILE = "ledger.sqlite"
@@ -65,23 +66,6 @@ class LedgerError(RuntimeError):
 
 def _js(obj: Any) -> str:
     return json.dumps(obj, default=str)  # ASCII: a lone surrogate stays a \u escape
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def no_surrogates(value: Any) -> Any:
-    """`value` with every lone surrogate made U+FFFD, in keys and nested values. json.loads
-    makes one of "\\ud800" (in an agent's tool call), os.fsdecode of a bad file name: such a
-    string cannot be encoded as UTF-8, so sqlite3, a terminal or a file it reaches fails on
-    it. Agent text is never refused for it."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {no_surrogates(k): no_surrogates(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [no_surrogates(v) for v in value]
-    return value
 
 
 def _row(*values: Any) -> tuple:

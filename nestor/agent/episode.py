@@ -29,9 +29,10 @@ from nestor.agent.reward import JOB_FILES, RewardConfig, compute_reward
 from nestor.inner.types import JobRequest, JobResult
 from nestor.job.config import DEFAULT_TOKEN_BUDGET
 from nestor.job.memory import DEFAULT_MEMORY_CAP_MB
-from nestor.ledger import Ledger, no_surrogates
+from nestor.ledger import Ledger
 from nestor.policy.base import Message, Observation, Policy, PolicyClosed, TrainItem, Turn
 from nestor.tasks import TaskSpec
+from nestor.text import no_surrogates
 
 EndReason = Literal["ok", "job_failed", "invalid", "no_submit", "turn_limit", "token_limit",
                     "policy_error", "harness_error", "not_trained", "stopped", "orphaned"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,8 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+from nestor.text import inert
 
 console = Console(stderr=True)
 if not console.is_terminal:  # a log file or CI: each message stays one whole line
@@ -51,25 +52,12 @@ def out_console(**kwargs: Any) -> Console:
     return con
 
 
-# C0 (but \t and \n), DEL, C1 and lone surrogates: what agent or job text must not send to a
-# terminal. rich's escape() handles [markup] only; an ESC passes it and can set the title,
-# clear the screen, write the clipboard (OSC 52) or disguise a link (OSC 8); a lone surrogate
-# cannot even be encoded (UnicodeEncodeError on write).
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _placeholder(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    if code < 0x20:
-        return chr(0x2400 + code)  # the Unicode control picture: ESC shows as ␛
-    return "\u2421" if code == 0x7f else "\ufffd"
-
-
 def shown(text: Any) -> str:
     """Untrusted text (anything an agent or its job produced, or a message quoting it) made
-    safe to print with rich markup on: control characters become visible placeholders and
-    [markup] is escaped. Every such string the CLI prints, table cells too, goes through it."""
-    return escape(_UNPRINTABLE.sub(_placeholder, str(text)))
+    safe to print with rich markup on: `inert` (controls as pictures, bidi and zero-width
+    characters named) and [markup] escaped. Every such string the CLI prints, table cells
+    too, goes through it."""
+    return escape(inert(text))
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -47,13 +47,24 @@ def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def parse_openai_message(msg: dict[str, Any]) -> tuple[Message, str | None]:
-    """An API reply as our Message; malformed tool-call arguments become a parse error."""
+def parse_openai_message(msg: Any) -> tuple[Message, str | None]:
+    """An API reply as our Message; malformed tool calls become a parse error. The reply is
+    the endpoint's to write: content given as a list of parts is joined, and any field of
+    the wrong type is the policy's error, never the harness's."""
+    if not isinstance(msg, dict):
+        raise PolicyError(f"the reply's message is a {type(msg).__name__}, not an object")
     calls: list[ToolCall] = []
     errors: list[str] = []
-    for raw in msg.get("tool_calls") or []:
-        fn = raw.get("function") or {}
-        name, args = fn.get("name", ""), fn.get("arguments", "{}")
+    raw_calls = msg.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raw_calls, errors = [], ["tool_calls is not a list"]
+    for i, raw in enumerate(raw_calls):
+        fn = raw.get("function") if isinstance(raw, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            errors.append(f"tool call {i + 1} has no function name")
+            continue
+        args = fn.get("arguments", "{}")
         try:
             parsed = json.loads(args) if isinstance(args, str) else args
             if not isinstance(parsed, dict):
@@ -61,9 +72,25 @@ def parse_openai_message(msg: dict[str, Any]) -> tuple[Message, str | None]:
         except ValueError as exc:
             errors.append(f"tool call {name!r}: arguments are not a JSON object ({exc})")
             continue
-        calls.append(ToolCall(name=name, arguments=parsed, id=raw.get("id", "")))
-    message = Message(role="assistant", content=msg.get("content") or "", tool_calls=calls)
+        call_id = raw.get("id")
+        calls.append(ToolCall(name=name, arguments=parsed,
+                              id=call_id if isinstance(call_id, str) else ""))
+    message = Message(role="assistant", content=_text(msg.get("content")), tool_calls=calls)
     return message, "; ".join(errors) or None
+
+
+def _text(content: Any) -> str:
+    """Message content: a string, or OpenAI's list of parts ({"type": "text", "text": ...})."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 @dataclass
@@ -98,8 +125,9 @@ class OpenAICompatPolicy:
                              for t in obs.tools]
         reply = self._post("/chat/completions", body)
         usage = reply.get("usage") or {}
-        self.usage.prompt_tokens += int(usage.get("prompt_tokens", 0))
-        self.usage.completion_tokens += int(usage.get("completion_tokens", 0))
+        usage = usage if isinstance(usage, dict) else {}
+        self.usage.prompt_tokens += _count(usage.get("prompt_tokens"))
+        self.usage.completion_tokens += _count(usage.get("completion_tokens"))
         try:
             raw = reply["choices"][0]["message"]
         except (KeyError, IndexError, TypeError):

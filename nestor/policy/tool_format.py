@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nestor.ledger import no_surrogates
 from nestor.policy.base import Message, ToolCall
+from nestor.text import no_surrogates
 
 TOOL_FORMATS = ("auto", "json", "qwen3_5")
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

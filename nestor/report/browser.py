@@ -18,6 +18,7 @@ from urllib.parse import quote
 from nestor.ledger import Ledger, LedgerError
 from nestor.report import fmt
 from nestor.report.data import RunData
+from nestor.text import inert
 
 TEXT_LIMIT = 20_000  # characters of one turn or log shown inline
 FILE_TEXT_LIMIT = 8_000  # of one job file (the link, where there is one, opens all of it)
@@ -68,7 +69,8 @@ CSP = ("default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; "
 
 
 def cut(text: Any, limit: int = TEXT_LIMIT) -> str:
-    text = "" if text is None else str(text)
+    """Agent text for the page, `inert` (a browser applies bidi and shows no controls) and cut."""
+    text = "" if text is None else inert(text)
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n… {len(text) - limit:,} more characters not shown here"
@@ -112,7 +114,8 @@ def _files(folder: Path, report_dir: Path) -> list[dict[str, Any]]:
         if size > FILE_TEXT_LIMIT:
             text = text[:FILE_TEXT_LIMIT] + f"\n… {size - FILE_TEXT_LIMIT:,} more bytes: " + (
                 "open the file" if href else f"the whole file is {path}")
-        out.append({"name": rel, "href": href, "size": f"{size:,} bytes", "text": text})
+        out.append({"name": inert(rel), "href": href, "size": f"{size:,} bytes",
+                    "text": inert(text)})
     if len(paths) > FILE_LIMIT:
         out.append({"name": f"… and {len(paths) - FILE_LIMIT} more files", "href": None,
                     "size": "", "text": None})

@@ -150,6 +150,16 @@ def test_shown_makes_agent_text_inert(capsys):
     assert "\x1b" not in err and "␛]0;PWNED" in err
 
 
+def test_shown_names_invisible_characters_that_disguise_text():
+    from nestor.cli.common import shown
+
+    # "env/‮yp.evil‬" reads as "env/live.py" where a terminal applies bidi
+    assert shown("env/\u202eyp.evil\u202c") == "env/⟨U+202E⟩yp.evil⟨U+202C⟩"
+    assert shown("ok\u2028FAIL") == "ok⟨U+2028⟩FAIL"  # no fake line
+    assert shown("co\u200bnfig.toml\u00ad") == "co⟨U+200B⟩nfig.toml⟨U+00AD⟩"
+    assert shown("naïve Ünïcode ✓ 名前") == "naïve Ünïcode ✓ 名前"  # visible text untouched
+
+
 def test_episode_show_and_list_print_agent_text_inert(tmp_path):
     from nestor.ledger import Ledger
 

@@ -54,6 +54,24 @@ def test_malformed_tool_call_arguments_become_a_parse_error():
     assert not message.tool_calls and "write_file" in error
 
 
+def test_replies_of_odd_but_legal_or_wrong_shapes_are_the_policys_problem():
+    """The endpoint writes the reply: content as a list of parts is joined; a call id or name
+    of the wrong type, or a call that is not an object, is a parse error or a PolicyError,
+    never an exception the harness records as its own (it did, and lost the turn)."""
+    parts = {"content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"text": "b"}],
+             "tool_calls": [{"id": {"x": 1}, "function": {"name": "submit", "arguments": {}}}]}
+    message, error = parse_openai_message(parts)
+    assert message.content == "ab" and error is None
+    assert message.tool_calls[0].name == "submit" and message.tool_calls[0].id == ""
+    message, error = parse_openai_message({"content": 7, "tool_calls": ["read_file",
+                                                                        {"function": {"name": 3}}]})
+    assert message.content == "" and not message.tool_calls and "tool call 1" in error
+    assert "tool call 2" in error
+    assert parse_openai_message({"tool_calls": "read_file"})[1] == "tool_calls is not a list"
+    with pytest.raises(PolicyError):
+        parse_openai_message(["not", "an", "object"])
+
+
 class _Flaky(BaseHTTPRequestHandler):
     calls = 0
 

@@ -121,3 +121,18 @@ def test_a_lone_surrogate_in_a_recorded_call_does_not_stop_the_report(tmp_path):
             {"name": "write_file\ud800", "arguments": {"path": "a", "content": "x\ud800"}}]})
     write_report(run)
     assert "write_file?" in (run / "report" / "episodes.html").read_text()
+
+
+def test_invisible_characters_in_agent_text_are_named_on_the_page(tmp_path):
+    # a browser applies bidi: "\u202eyp.evil" would read as "live.py"
+    run = make_run(tmp_path / "run", steps=1)
+    job = run / "episodes" / "ep-0-1" / "job"
+    (job / "\u202eyp.evil").write_text("ok\u2028FAIL \x1b[2J")
+    with Ledger(run) as ledger:
+        ledger.add_turn("ep-0-1", 99, {"role": "assistant", "content": "see \u202eyp.evil",
+                                       "tool_calls": []})
+    write_report(run)
+    page = (run / "report" / "episodes.html").read_text()
+    assert "\u202e" not in page and "\u2028" not in page and "\x1b" not in page
+    assert "⟨U+202E⟩yp.evil" in page and "ok⟨U+2028⟩FAIL ␛[2J" in page
+    assert "see ⟨U+202E⟩yp.evil" in page
