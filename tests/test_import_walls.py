@@ -17,7 +17,7 @@ NESTOR = Path(__file__).resolve().parents[1] / "nestor"
 # with tasks, models, ledger and config as leaves.
 RANK = {"cli": 8, "report": 7, "serve": 7, "outer": 6, "sft": 6, "policy": 5, "agent": 5,
         "pool": 4, "inner": 3, "job": 2, "sandbox": 1,
-        "tasks": 0, "models": 0, "ledger": 0, "config": 0}
+        "tasks": 0, "models": 0, "ledger": 0, "config": 0, "text": 0}
 SIBLINGS = {frozenset({"policy", "agent"})}  # an episode calls a policy; a policy speaks tools
 HIDDEN = "nestor.tasks.hidden"
 # The trusted scorer and `nestor eval`: nothing that renders a prompt, writes a workspace or

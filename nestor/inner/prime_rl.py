@@ -205,8 +205,8 @@ def run_prime_rl(request: JobRequest, config: PrimeRLConfig | None = None, *,
     t_train = time.monotonic()
     try:
         try:
-            proc = LoggedProcess([*config.command, "@", str(rl_toml)], work, env, work / "rl.log",
-                         config.max_log_bytes)
+            proc = LoggedProcess([*config.command, "@", str(rl_toml)], work, env,
+                                 work / "rl.log", config.max_log_bytes)
         except FileNotFoundError:
             return result("failed", log_tail=f"prime-rl launcher not found: "
                           f"{config.command[0]!r} (install prime-rl or set command)",

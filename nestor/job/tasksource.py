@@ -52,6 +52,7 @@ from nestor.sandbox.hosts import (  # noqa: F401  (re-exported: the host pool)
     prewarm,
     shutdown_hosts,
 )
+from nestor.text import no_surrogates
 
 MAX_TASKS = 20_000
 MAX_TEXT = 16_384  # protocol.py's cap on a task's text, re-checked here: job code can patch it
@@ -300,12 +301,12 @@ class JobTaskSource:
 
 
 def clean_text(text, limit: int | None = None) -> str:
-    """Text a job wrote, safe to print and store (a lone surrogate becomes "?"), cut to
+    """Text a job wrote, storable (a lone surrogate becomes U+FFFD: nestor/text.py), cut to
     `limit` characters."""
     text = str(text)
     if limit is not None and len(text) > limit:
         text = text[:limit] + f"… ({len(text):,} characters)"
-    return text.encode("utf-8", "replace").decode("utf-8")
+    return no_surrogates(text)
 
 
 def _reward_float(r) -> tuple[float | None, str | None]:

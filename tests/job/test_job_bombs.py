@@ -85,10 +85,10 @@ def test_the_depth_scan_is_fast_and_passes_ordinary_toml(job):
     for name in ("config.toml", "env/pyproject.toml"):  # a real job's files pass the scan
         assert _DEEP_KEY.search((GOOD / name).read_text()) is None
     assert _DEEP_KEY.search('a.b.c = "1.2.3.4.5.6.7.8"\nurl = "https://x.y.z/a.b.c"\n') is None
-    start = time.perf_counter()
+    start = time.perf_counter()  # a guard against catastrophic backtracking (minutes), not a
     for worst in ("a" * 16000, "a." * 8000, '"' * 16000, "a.b." * 4000 + "\n" + "a " * 8000):
-        _DEEP_KEY.search(worst)
-    assert time.perf_counter() - start < 0.5
+        _DEEP_KEY.search(worst)  # speed target: ~ms each here
+    assert time.perf_counter() - start < 5
 
 
 def test_config_toml_is_parsed_once_by_the_static_checks(job, monkeypatch):

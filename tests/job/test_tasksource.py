@@ -267,14 +267,14 @@ def test_names_in_replies_are_cleaned_and_bounded(tmp_path):
     job = _copy(tmp_path, "names", lambda s: s + tail)
     with JobTaskSource(job) as src:
         info = src.import_env()
-        assert "r?" in info["rewards"] and len(info["taskset"]) < 300
+        assert "r\ufffd" in info["rewards"] and len(info["taskset"]) < 300
         for text in [info["taskset"], *info["rewards"]]:
             text.encode("utf-8")  # raises on a surrogate
 
 
 def test_clean_text_bounds_what_it_keeps():
     assert tasksource.clean_text("x" * 5000, 100) == "x" * 100 + "… (5,000 characters)"
-    assert tasksource.clean_text("a\ud800") == "a?"
+    assert tasksource.clean_text("a\ud800") == "a\ufffd"
 
 
 def test_rows_over_the_reply_cap_say_what_to_do(tmp_path):
