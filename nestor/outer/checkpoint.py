@@ -64,7 +64,7 @@ def load_checkpoint(path: Path, policy) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint state: {exc}") from None
     policy.load(path / "policy")
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    rng = torch.load(path / "rng.pt", weights_only=True)  # tensors and ints: no pickle
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     return state

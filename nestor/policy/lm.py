@@ -378,7 +378,7 @@ class LMPolicy:
 
     def load(self, path: Path) -> None:
         self.load_adapter(path / "adapter")
-        state = torch.load(path / "state.pt", weights_only=False)
+        state = torch.load(path / "state.pt", weights_only=True)  # tensors and numbers: no pickle
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         try:

@@ -224,10 +224,10 @@ class LocalService:
     def _from_state(self, path: str, with_optimizer: bool) -> Future:
         spec = json.loads((Path(path) / "local_service.json").read_text())
         client = self.create_lora_training_client(spec["base_model"], spec["rank"]).result()
-        optimizer = copy.deepcopy(client.policy.optimizer.state_dict())
-        client.policy.load(Path(path))
-        if not with_optimizer:
-            client.policy.optimizer.load_state_dict(optimizer)
+        if with_optimizer:
+            client.policy.load(Path(path))  # its state.pt: tensors and numbers, no pickle
+        else:  # the weights only, as the service's own call says: nothing else is read
+            client.policy.load_adapter(Path(path) / "adapter")
         return _done(client)
 
     def create_training_client_from_state(self, path: str, **_: Any) -> Future:

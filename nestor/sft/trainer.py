@@ -168,7 +168,7 @@ class Trainer:
         if not (self.ckpt / "state.pt").is_file():
             return False
         self.policy.load_adapter(self.ckpt / "adapter")
-        state = torch.load(self.ckpt / "state.pt", weights_only=False)
+        state = torch.load(self.ckpt / "state.pt", weights_only=True)  # no pickle
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.history = int(state["step"]), list(state["history"])
         return True

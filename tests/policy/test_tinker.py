@@ -3,7 +3,9 @@ warm start and checkpoints on the local service (real tensors on tiny-m through 
 client surface)."""
 
 import copy
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -292,3 +294,29 @@ def test_warm_start_clones_demonstrated_tool_calls(policy):
         policy.max_new_tokens = 24
     names = [t.message.tool_calls[0].name for t in turns if t.message.tool_calls]
     assert names.count("list_files") >= 2, names
+
+
+class _Payload:
+    """A pickle that writes a file when loaded: what a shared checkpoint's state.pt can hold."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_runs_no_pickle_from_its_state_file(policy, tmp_path):
+    """`init_checkpoint` may be a warm start someone shared: loading its weights reads
+    safetensors and JSON only, and a resume reads state.pt as tensors and numbers, never
+    unpickling objects (the red-team's payload ran before the load failed)."""
+    policy.save(tmp_path / "ckpt")
+    saved = json.loads((tmp_path / "ckpt" / "tinker.json").read_text())["tinker_path"]
+    pwned = tmp_path / "pwned"
+    torch.save({"optimizer": _Payload(pwned)}, Path(saved) / "state.pt")
+    start = TinkerPolicy("tiny-m", service=policy.service, lora_rank=4, max_new_tokens=24)
+    start.load(tmp_path / "ckpt", weights_only=True)  # the weights: state.pt is not read
+    assert not pwned.exists()
+    with pytest.raises(Exception, match="[Ww]eights only load failed|Unsupported"):
+        TinkerPolicy("tiny-m", service=policy.service, lora_rank=4).load(tmp_path / "ckpt")
+    assert not pwned.exists()
