@@ -17,14 +17,18 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field
 
 from nestor.models.registry import load_model
 from nestor.models.sampler import sample
 from nestor.policy.base import Message, ToolCall
 from nestor.policy.chat import parse_assistant, to_hf_messages
+from nestor.text import inert, no_surrogates
+
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class ChatRequest(BaseModel):
@@ -33,19 +37,39 @@ class ChatRequest(BaseModel):
     model: str = ""
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     max_tokens: int | None = Field(None, ge=1, le=32768)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)  # torch's generator takes a 64-bit seed
 
 
-def _message(d: dict[str, Any]) -> Message:
+def _message(d: dict[str, Any], n: int) -> Message:
+    """Message `n` of a request; ValueError (an HTTP 400) saying what is wrong with it."""
+    role, content = d.get("role"), d.get("content") or ""
+    if role not in ROLES:
+        raise ValueError(f"message {n}: role {inert(role)!r:.60} is not {', '.join(ROLES)}")
+    if isinstance(content, list):  # content parts: the text ones
+        content = "".join(p["text"] for p in content
+                          if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if not isinstance(content, str):
+        raise ValueError(f"message {n}: content must be a string, a list of text parts or null")
+    if not isinstance(d.get("tool_call_id"), str | None):
+        raise ValueError(f"message {n}: tool_call_id must be a string")
+    if not isinstance(d.get("tool_calls") or [], list):
+        raise ValueError(f"message {n}: tool_calls must be a list")
     calls = []
-    for c in d.get("tool_calls") or []:
-        fn = c.get("function") or {}
+    for i, c in enumerate(d.get("tool_calls") or []):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
+                not isinstance(c.get("id", ""), str):
+            raise ValueError(f"message {n}, tool call {i}: needs an id (a string) and a "
+                             'function {"name": "...", "arguments": {...}}')
         args = fn.get("arguments") or {}
-        calls.append(ToolCall(name=fn.get("name", ""), id=c.get("id", ""),
-                              arguments=json.loads(args) if isinstance(args, str) else args))
-    return Message(role=d["role"], content=d.get("content") or "", tool_calls=calls,
+        if isinstance(args, str):
+            args = no_surrogates(json.loads(args))  # a JSONDecodeError is a ValueError
+        if not isinstance(args, dict):
+            raise ValueError(f"message {n}, tool call {i}: arguments must be a JSON object")
+        calls.append(ToolCall(name=fn["name"], id=c.get("id", ""), arguments=args))
+    return Message(role=role, content=content, tool_calls=calls,
                    tool_call_id=d.get("tool_call_id"))
 
 
@@ -68,14 +92,26 @@ def create_app(model_name: str, *, max_tokens: int = 256, device: str = "cpu",
     lock = threading.Lock()  # one forward at a time: the model is not shared across threads
     app = FastAPI(title="nestor serve", version="1")
     context = getattr(model.config, "max_position_embeddings", 4096)
+    # A prompt longer than this cannot fit, refused before tokenizing it (a 2 MB message took
+    # 4 s to tokenize): no token stands for more characters than the longest string in the
+    # vocabulary (special tokens included; a byte-level BPE string has one character a byte,
+    # at least as many as the text it decodes to), and ×4 leaves room for a normalizer that
+    # merges characters (NFC composes up to 3 code points, e.g. Hangul jamo, into one).
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=0) or 32
+    max_chars = context * longest * 4
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
+        # what was wrong and where, without the input: FastAPI's own handler echoes it, and a
+        # NaN or a lone surrogate there cannot be encoded (an HTTP 500 instead of this 422)
+        errors = [{"type": e.get("type", ""), "loc": [inert(x) if isinstance(x, str) else x
+                                                      for x in e.get("loc", [])],
+                   "msg": inert(e.get("msg", "invalid request"))} for e in exc.errors()]
         if log is not None:  # e.g. a body sent without `Content-Type: application/json`
-            first = exc.errors()[0] if exc.errors() else {}
+            first = errors[0] if errors else {}
             log(f"{request.method} {request.url.path} -> HTTP 422: "
-                f"{first.get('msg', 'invalid request')} at {list(first.get('loc', []))}")
-        return await request_validation_exception_handler(request, exc)
+                f"{first.get('msg', 'invalid request')} at {first.get('loc', [])}")
+        return JSONResponse({"detail": errors}, status_code=422)
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
@@ -101,11 +137,20 @@ def create_app(model_name: str, *, max_tokens: int = 256, device: str = "cpu",
 
     def answer(req: ChatRequest) -> dict[str, Any]:
         try:
-            messages = [_message(m) for m in req.messages]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise HTTPException(400, f"malformed messages: {exc}") from None
-        text = tokenizer.apply_chat_template(to_hf_messages(messages), tools=req.tools or None,
-                                             add_generation_prompt=True, tokenize=False)
+            # a lone "\ud800" (JSON can carry one) would stop the tokenizer: U+FFFD instead
+            messages = [_message(m, n) for n, m in enumerate(no_surrogates(req.messages))]
+            text = tokenizer.apply_chat_template(
+                to_hf_messages(messages), tools=no_surrogates(req.tools) or None,
+                add_generation_prompt=True, tokenize=False)
+        except RecursionError:
+            raise HTTPException(400, "malformed messages: a value (e.g. tool arguments) is "
+                                     "nested too deeply") from None
+        except (KeyError, TypeError, ValueError, AttributeError, TemplateError) as exc:
+            raise HTTPException(400, f"malformed messages: {inert(exc)}"[:500]) from None
+        if len(text) > max_chars:
+            raise HTTPException(400, f"prompt of {len(text)} characters cannot fit the "
+                                     f"model's context of {context} tokens: send a shorter "
+                                     "conversation")
         prompt = tokenizer(text, add_special_tokens=False).input_ids
         budget = min(req.max_tokens or max_tokens, max_tokens)
         if len(prompt) + budget > context:

@@ -22,12 +22,14 @@ turns them into the tokens the LM policy acts with.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nestor.policy.base import Message, ToolCall
+from nestor.text import no_surrogates
 
 PLAN_PREFIX = "plan: "  # the composer's turn text (composer_decisions.PLAN): dropped from demos
 TRAINED_ENDS = ("ok", "job_failed", "not_trained")  # end reasons of an episode that validated
@@ -79,8 +81,15 @@ def write_demos(path: Path, demos: Iterable[Demo]) -> int:
 
 def read_demos(path: Path) -> list[Demo]:
     """Demos written by `write_demos` (nestor's own format, one per line)."""
-    return [Demo.from_dict(json.loads(line)) for line in
-            path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    demos = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                demos.append(Demo.from_dict(no_surrogates(json.loads(line))))
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+                raise DemoError(f"{path} line {lineno}: not a demo written by nestor "
+                                f"({type(exc).__name__}: {exc})"[:300]) from None
+    return demos
 
 
 def failed_attempt_turns(messages: list[Message]) -> set[int]:
@@ -176,53 +185,99 @@ def from_run_dir(run_dir: Path) -> list[Demo]:
     return [from_transcript(json.loads(p.read_text(encoding="utf-8"))) for p in paths]
 
 
-def _openai_message(m: dict[str, Any], n: int) -> Message:
+def _openai_message(m: Any, n: int) -> Message:
+    if not isinstance(m, dict):
+        raise DemoError(f"message {n}: is a {type(m).__name__}, not a JSON object")
     role = m.get("role")
     if role not in ("system", "user", "assistant", "tool"):
         raise DemoError(f"message {n}: role {role!r} is not system, user, assistant or tool")
     content = m.get("content") or ""
     if isinstance(content, list):  # content parts: keep the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        content = "".join(p["text"] for p in content
+                          if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if not isinstance(content, str):
+        raise DemoError(f"message {n}: content is a {type(content).__name__}; it must be a "
+                        "string, a list of text parts or null")
+    tool_call_id = m.get("tool_call_id")
+    if tool_call_id is not None and not isinstance(tool_call_id, str):
+        raise DemoError(f"message {n}: tool_call_id must be a string, not "
+                        f"{type(tool_call_id).__name__}")
+    tool_calls = m.get("tool_calls") or []
+    if not isinstance(tool_calls, list):
+        raise DemoError(f"message {n}: tool_calls must be a list")
     calls = []
-    for i, tc in enumerate(m.get("tool_calls") or []):
-        fn = tc.get("function") or {}
+    for i, tc in enumerate(tool_calls):
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict):
+            raise DemoError(f"message {n}, tool call {i}: needs a \"function\" object "
+                            '({"name": ..., "arguments": ...})')
         args = fn.get("arguments", {})
         if isinstance(args, str):
             try:
-                args = json.loads(args) if args.strip() else {}
+                # "\\ud800" in the arguments' text is a lone surrogate once parsed
+                args = no_surrogates(json.loads(args)) if args.strip() else {}
             except json.JSONDecodeError as exc:
                 raise DemoError(f"message {n}, tool call {i}: arguments are not JSON "
                                 f"({exc.msg})") from None
         if not isinstance(fn.get("name"), str) or not isinstance(args, dict):
             raise DemoError(f"message {n}, tool call {i}: needs function.name (a string) and "
                             "function.arguments (a JSON object)")
-        calls.append(ToolCall(fn["name"], args, str(tc.get("id") or f"call_{n}_{i}")))
-    return Message(role, str(content), calls, m.get("tool_call_id"))
+        call_id = tc.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise DemoError(f"message {n}, tool call {i}: id must be a string, not "
+                            f"{type(call_id).__name__}")
+        calls.append(ToolCall(fn["name"], args, call_id or f"call_{n}_{i}"))
+    return Message(role, content, calls, tool_call_id)
+
+
+def _number(obj: dict[str, Any], key: str) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not math.isfinite(value):
+        raise DemoError(f"{key} must be a finite number or null, not {value!r:.40}")
+    return float(value)
+
+
+def _flag(obj: dict[str, Any], key: str, default: bool) -> bool:
+    value = obj.get(key, default)
+    if not isinstance(value, bool):  # bool("false") is True: a string is refused, not read
+        raise DemoError(f"{key} must be true or false, not {value!r:.40}")
+    return value
+
+
+def _openai_demo(obj: Any, lineno: int) -> Demo:
+    """One line's transcript, every field of the type it must have (DemoError if not)."""
+    from nestor.sandbox.workspace import TOOL_SCHEMAS
+
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+        raise DemoError('each line needs {"messages": [...]}')
+    obj = no_surrogates(obj)  # a lone "\ud800" cannot be tokenized (nor written as UTF-8)
+    messages = [_openai_message(m, n) for n, m in enumerate(obj["messages"])]
+    tools = obj.get("tools") or TOOL_SCHEMAS
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise DemoError("tools must be a list of tool schemas (JSON objects)")
+    return Demo(messages=messages, tools=tools, task=str(obj.get("task", "")), source="jsonl",
+                reward=_number(obj, "reward"), passed=_flag(obj, "passed", True),
+                first_try=_flag(obj, "first_try", False),
+                group=str(obj.get("group", obj.get("task", ""))),
+                id=str(obj.get("id", f"line-{lineno}")))
 
 
 def from_openai_jsonl(path: Path) -> list[Demo]:
     """OpenAI-format chat transcripts, one JSON object per line."""
-    from nestor.sandbox.workspace import TOOL_SCHEMAS
-
     demos = []
     for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-            if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
-                raise DemoError('each line needs {"messages": [...]}')
-            messages = [_openai_message(m, n) for n, m in enumerate(obj["messages"])]
-        except (json.JSONDecodeError, DemoError, AttributeError) as exc:
+            demos.append(_openai_demo(json.loads(line), lineno))
+        except RecursionError:
+            raise DemoError(f"{path} line {lineno}: nested too deeply to read (a value, e.g. "
+                            "tool arguments, inside ~1,000 levels of lists or objects)") from None
+        except (json.JSONDecodeError, DemoError) as exc:
             raise DemoError(f"{path} line {lineno}: {exc}") from None
-        reward = obj.get("reward")
-        demos.append(Demo(messages=messages, tools=obj.get("tools") or TOOL_SCHEMAS,
-                          task=str(obj.get("task", "")), source="jsonl",
-                          reward=None if reward is None else float(reward),
-                          passed=bool(obj.get("passed", True)),
-                          first_try=bool(obj.get("first_try", False)),
-                          group=str(obj.get("group", obj.get("task", ""))),
-                          id=str(obj.get("id", f"line-{lineno}"))))
     return demos
 
 
@@ -324,7 +379,7 @@ def _first_row(path: Path) -> dict | None:
             if line.strip():
                 try:
                     obj = json.loads(line)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):  # from_openai_jsonl says where
                     return None
                 return obj if isinstance(obj, dict) else None
     return None

@@ -270,3 +270,51 @@ def test_demos_with_a_lone_surrogate_are_written(tmp_path):
     back = read_demos(tmp_path / "d.jsonl")
     assert [d.id for d in back] == ["bad", "ok"]
     assert back[0].messages[0].tool_calls[0].arguments["content"] == "x?"
+
+
+_U = {"role": "user", "content": "u"}
+_OK = {"role": "assistant", "content": "ok"}
+
+
+def _call(args, **kw):
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "submit", "arguments": args}, **kw}]}
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    (json.dumps({"messages": [_U, _call(json.dumps({"a": 1}).replace("1", _DEEP))]}),
+     "nested too deeply"),
+    ('{"messages": [{"role": "user", "content": "u"}], "x": ' + _DEEP + "}", "nested too deeply"),
+    (json.dumps({"messages": [_U, _call("{}"), {"role": "tool", "content": "x",
+                                               "tool_call_id": [1]}]}), "tool_call_id"),
+    (json.dumps({"messages": [_U, _OK], "reward": [1]}), "reward"),
+    (json.dumps({"messages": [_U, _OK], "reward": "abc"}), "reward"),
+    (json.dumps({"messages": [_U, _OK], "tools": "abc"}), "tools"),
+    (json.dumps({"messages": [_U, _OK], "tools": [1, 2]}), "tools"),
+    (json.dumps({"messages": [_U, _OK], "passed": "false"}), "passed"),
+    (json.dumps({"messages": [_U, {"role": "assistant", "tool_calls": ["x"]}]}), "function"),
+    (json.dumps({"messages": [{"role": "user", "content": {"a": 1}}]}), "content"),
+], ids=["deep-args", "deep-line", "tool-call-id-list", "reward-list", "reward-str",
+        "tools-str", "tools-ints", "passed-str", "call-str", "content-dict"])
+def test_a_bad_transcript_row_is_a_demo_error_naming_its_line(tmp_path, line, error):
+    from nestor.sft.demos import DemoError, load_source
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"messages": [_U, _OK]}) + "\n" + line + "\n")
+    with pytest.raises(DemoError, match=f"line 2: .*{error}"):
+        load_source(str(path), tmp_path)
+
+
+def test_a_lone_surrogate_in_a_transcript_is_replaced_before_tokenizing(tmp_path, agent):
+    path = tmp_path / "t.jsonl"
+    line = json.dumps({"messages": [{"role": "user", "content": "a\ud800"}, _call(
+        json.dumps({"path": "x\ud800"}))], "tools": TOOLS})
+    path.write_text(line + "\n", encoding="utf-8")
+    demo, = from_openai_jsonl(path)
+    assert demo.messages[0].content == "a\ufffd"
+    assert demo.messages[1].tool_calls[0].arguments == {"path": "x\ufffd"}
+    render, encode = policy_encoders(agent)
+    assert encode_demo(demo, render, encode, EncodeStats())  # the fast tokenizer takes it
