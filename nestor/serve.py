@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from nestor.models.registry import load_model
 from nestor.models.sampler import sample
 from nestor.policy.base import Message, ToolCall
-from nestor.policy.chat import parse_assistant, to_hf_messages
+from nestor.policy.chat import content_text, parse_assistant, to_hf_messages
 from nestor.text import inert, no_surrogates
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -44,12 +44,9 @@ class ChatRequest(BaseModel):
 
 def _message(d: dict[str, Any], n: int) -> Message:
     """Message `n` of a request; ValueError (an HTTP 400) saying what is wrong with it."""
-    role, content = d.get("role"), d.get("content") or ""
+    role, content = d.get("role"), content_text(d.get("content") or "")
     if role not in ROLES:
         raise ValueError(f"message {n}: role {inert(role)!r:.60} is not {', '.join(ROLES)}")
-    if isinstance(content, list):  # content parts: the text ones
-        content = "".join(p["text"] for p in content
-                          if isinstance(p, dict) and isinstance(p.get("text"), str))
     if not isinstance(content, str):
         raise ValueError(f"message {n}: content must be a string, a list of text parts or null")
     if not isinstance(d.get("tool_call_id"), str | None):

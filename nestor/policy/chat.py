@@ -17,6 +17,15 @@ from nestor.policy.tool_format import JSON, ToolFormat
 FORMAT_HINT = JSON.hint
 
 
+def content_text(content: Any) -> Any:
+    """An OpenAI message's content as text where it is a list of parts (the text parts
+    joined); anything else as it came (the caller says whether it is a string)."""
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content
+
+
 def to_hf_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """Our Messages as the dicts HF chat templates expect (OpenAI-style tool calls; the
     arguments as a mapping, which both the Qwen3 and the Qwen3.5 templates render)."""

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from nestor.policy.base import Message, Observation, ToolCall, TrainItem, Turn
+from nestor.policy.chat import content_text
 
 
 class PolicyError(RuntimeError):
@@ -75,18 +76,10 @@ def parse_openai_message(msg: Any) -> tuple[Message, str | None]:
         call_id = raw.get("id")
         calls.append(ToolCall(name=name, arguments=parsed,
                               id=call_id if isinstance(call_id, str) else ""))
-    message = Message(role="assistant", content=_text(msg.get("content")), tool_calls=calls)
+    content = content_text(msg.get("content"))
+    message = Message(role="assistant", content=content if isinstance(content, str) else "",
+                      tool_calls=calls)
     return message, "; ".join(errors) or None
-
-
-def _text(content: Any) -> str:
-    """Message content: a string, or OpenAI's list of parts ({"type": "text", "text": ...})."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p["text"] for p in content
-                       if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
 
 
 def _count(value: Any) -> int:

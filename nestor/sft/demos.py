@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nestor.policy.base import Message, ToolCall
+from nestor.policy.chat import content_text
 from nestor.text import no_surrogates
 
 PLAN_PREFIX = "plan: "  # the composer's turn text (composer_decisions.PLAN): dropped from demos
@@ -191,10 +192,7 @@ def _openai_message(m: Any, n: int) -> Message:
     role = m.get("role")
     if role not in ("system", "user", "assistant", "tool"):
         raise DemoError(f"message {n}: role {role!r} is not system, user, assistant or tool")
-    content = m.get("content") or ""
-    if isinstance(content, list):  # content parts: keep the text ones
-        content = "".join(p["text"] for p in content
-                          if isinstance(p, dict) and isinstance(p.get("text"), str))
+    content = content_text(m.get("content") or "")
     if not isinstance(content, str):
         raise DemoError(f"message {n}: content is a {type(content).__name__}; it must be a "
                         "string, a list of text parts or null")
