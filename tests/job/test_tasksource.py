@@ -288,3 +288,11 @@ def test_rows_over_the_reply_cap_say_what_to_do(tmp_path):
     message = str(err.value)
     assert err.value.stage == "load" and "longer than 3,200,000 bytes" in message, message
     assert "yield fewer or shorter rows" in message
+
+
+def test_the_trusted_text_cap_is_the_protocols():
+    """MAX_TEXT is written twice: protocol.py runs in the sandbox and is never imported here."""
+    import re
+
+    source = (Path(tasksource.__file__).with_name("protocol.py")).read_text()
+    assert int(re.search(r"^MAX_TEXT = ([\d_]+)", source, re.M).group(1)) == tasksource.MAX_TEXT
